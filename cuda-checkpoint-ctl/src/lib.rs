@@ -1,0 +1,19 @@
+//! The NVIDIA side of GPU checkpointing: the CUDA driver's process checkpoint API
+//! (`cuCheckpointProcess{Lock,Checkpoint,Restore,Unlock,GetState,GetRestoreThreadId}`), loaded at
+//! run time, with process discovery, GPU inventory and group operations on top.
+//!
+//! ```no_run
+//! use cuda_checkpoint_ctl::{driver::Driver, ops};
+//! let driver = Driver::load(None)?;
+//! let mut t = ops::Timings::default();
+//! ops::suspend(&driver, 1234, Some(std::time::Duration::from_secs(5)), &mut t)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod driver;
+pub mod error;
+pub mod inventory;
+pub mod ops;
+pub mod process;
+
+pub use error::{Error, Result};

@@ -1,0 +1,201 @@
+//! Which processes to act on: a pid, a process tree, a cgroup or the whole machine; and the
+//! facts about a process this crate needs from /proc.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// The root of the cgroup v2 hierarchy.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// A set of processes named on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selector {
+    /// One process.
+    Pid(i32),
+    /// A process and all its descendants.
+    Tree(i32),
+    /// Every process in a cgroup and its sub-cgroups (a container, a pod, a slice).
+    Cgroup(PathBuf),
+    /// Every process on the machine.
+    All,
+}
+
+impl Selector {
+    /// The pids, parents before children for trees; errors if a named root does not exist.
+    pub fn resolve(&self) -> Result<Vec<i32>> {
+        match self {
+            Selector::Pid(pid) => {
+                require_exists(*pid)?;
+                Ok(vec![*pid])
+            }
+            Selector::Tree(root) => {
+                require_exists(*root)?;
+                Ok(tree(*root))
+            }
+            Selector::Cgroup(path) => cgroup_pids(path),
+            Selector::All => Ok(all_pids()),
+        }
+    }
+}
+
+fn require_exists(pid: i32) -> Result<()> {
+    if pid > 0 && exists(pid) {
+        Ok(())
+    } else {
+        Err(Error::NoSuchProcess(pid))
+    }
+}
+
+pub fn exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The children of every thread of `pid` (a child belongs to the thread that forked it).
+pub fn children(pid: i32) -> Vec<i32> {
+    let mut out = BTreeSet::new();
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    for task in tasks.flatten() {
+        if let Ok(list) = fs::read_to_string(task.path().join("children")) {
+            out.extend(list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// `root` and its descendants, breadth first.
+pub fn tree(root: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut queue = VecDeque::from([root]);
+    while let Some(pid) = queue.pop_front() {
+        if out.contains(&pid) {
+            continue;
+        }
+        out.push(pid);
+        queue.extend(children(pid));
+    }
+    out
+}
+
+pub fn all_pids() -> Vec<i32> {
+    let mut pids: Vec<i32> = fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    pids.sort_unstable();
+    pids
+}
+
+/// Processes of a cgroup and its descendants. `path` is absolute or relative to the v2 root.
+pub fn cgroup_pids(path: &Path) -> Result<Vec<i32>> {
+    let dir = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        Path::new(CGROUP_ROOT).join(path)
+    };
+    let err = |reason: String| Error::Cgroup {
+        path: dir.display().to_string(),
+        reason,
+    };
+    if !dir.join("cgroup.procs").exists() {
+        return Err(err(
+            "no cgroup.procs here: name a cgroup directory, e.g. /sys/fs/cgroup/machine.slice/libpod-ID.scope"
+                .into(),
+        ));
+    }
+    let mut pids = BTreeSet::new();
+    let mut stack = vec![dir.clone()];
+    while let Some(d) = stack.pop() {
+        let procs = fs::read_to_string(d.join("cgroup.procs")).map_err(|e| err(e.to_string()))?;
+        pids.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        for entry in fs::read_dir(&d).map_err(|e| err(e.to_string()))?.flatten() {
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok(pids.into_iter().collect())
+}
+
+/// Whether `pid` has a CUDA driver library mapped: a cheap filter before asking the driver,
+/// which stays true while the process is checkpointed (its device files are closed then).
+pub fn maps_libcuda(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|m| m.contains("/libcuda.so"))
+        .unwrap_or(false)
+}
+
+/// The pid of `pid` inside its own (innermost) pid namespace.
+pub fn ns_pid(pid: i32) -> Option<i32> {
+    status(pid)?.nspid?.last().copied()
+}
+
+/// The tracer of a thread (0 if none).
+pub fn tracer(tid: i32) -> Option<i32> {
+    Some(status(tid)?.tracerpid)
+}
+
+/// The command name (`comm`).
+pub fn comm(pid: i32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_owned())
+}
+
+fn status(pid: i32) -> Option<procfs::process::Status> {
+    procfs::process::Process::new(pid).ok()?.status().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn tree_finds_children_and_grandchildren() {
+        let mut child = Command::new("sh")
+            .args(["-c", "sleep 30 & sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let mut found = Vec::new();
+        for _ in 0..100 {
+            found = tree(pid);
+            if found.len() == 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert_eq!(found[0], pid);
+    }
+
+    #[test]
+    fn own_process_facts() {
+        let me = std::process::id() as i32;
+        assert!(exists(me));
+        assert!(Selector::Pid(me).resolve().is_ok());
+        assert!(matches!(
+            Selector::Pid(i32::MAX).resolve(),
+            Err(Error::NoSuchProcess(_))
+        ));
+        assert!(ns_pid(me).is_some());
+        assert_eq!(tracer(me), Some(0));
+        assert!(!maps_libcuda(me));
+    }
+
+    #[test]
+    fn cgroup_must_be_a_cgroup() {
+        let err = cgroup_pids(Path::new("/tmp")).unwrap_err();
+        assert!(err.to_string().contains("cgroup.procs"), "{err}");
+    }
+}

@@ -1,0 +1,164 @@
+//! `cuda-sim-app`: a GPU-like test application. It keeps pseudo-random data in device memory,
+//! changes part of it every step with an asynchronous "kernel", reads all of it back and compares
+//! it with the copy it expects, and logs one line per step:
+//!
+//! `step=N pid=P words=W fnv=HASH ok`
+//!
+//! A mismatch is logged as `MISMATCH ...` and exits 3; a CUDA error is logged and exits 2. So a
+//! log that keeps growing with `ok` lines across a checkpoint proves the device data survived.
+
+mod driver;
+mod sys;
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+
+#[derive(Parser, Clone)]
+#[command(about = "GPU-like test application for checkpoint/restore tests")]
+struct Args {
+    /// Device memory to hold, in MiB.
+    #[arg(long, default_value_t = 16)]
+    mib: usize,
+    /// Seed of the data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Log file (one line per step).
+    #[arg(long)]
+    log: String,
+    /// Pause between steps.
+    #[arg(long, default_value_t = 100)]
+    interval_ms: u64,
+    /// Also launch a kernel that keeps the GPU busy this long each step (simulation only).
+    #[arg(long, default_value_t = 0)]
+    busy_ms: u32,
+    /// Stop after this many steps (0: run until killed).
+    #[arg(long, default_value_t = 0)]
+    steps: u64,
+    /// Device ordinal to use; children use ordinal + their index, modulo the device count.
+    #[arg(long, default_value_t = 0)]
+    device: i32,
+    /// Fork this many children that use the GPU too (logs LOG.gpuN).
+    #[arg(long, default_value_t = 0)]
+    children: u32,
+    /// Fork this many children that never touch CUDA (logs LOG.plainN).
+    #[arg(long, default_value_t = 0)]
+    plain_children: u32,
+    /// The driver library.
+    #[arg(long, default_value = "libcuda.so.1")]
+    lib: String,
+}
+
+fn log_line(path: &str, line: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+fn xorshift(state: &mut u64) -> u32 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    (*state >> 16) as u32
+}
+
+fn fnv(words: &[u32]) -> u64 {
+    words.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, w| {
+        (h ^ *w as u64).wrapping_mul(0x1000_0000_01b3)
+    })
+}
+
+fn plain_loop(log: &str, interval: Duration) -> ! {
+    let pid = std::process::id();
+    for tick in 1.. {
+        log_line(log, &format!("tick={tick} pid={pid} ok"));
+        std::thread::sleep(interval);
+    }
+    unreachable!()
+}
+
+fn gpu_loop(args: &Args) -> Result<()> {
+    let cuda = driver::Cuda::load(&args.lib)?;
+    cuda.init()?;
+    let count = cuda.device_count()?;
+    let ordinal = args.device.rem_euclid(count.max(1));
+    cuda.use_device(ordinal)?;
+    let words = args.mib * (1 << 20) / 4;
+    let dptr = cuda.alloc(words * 4)?;
+    let mut rng = args.seed.max(1);
+    let mut expect: Vec<u32> = (0..words).map(|_| xorshift(&mut rng)).collect();
+    cuda.htod(dptr, &expect)?;
+    let mut seen = vec![0u32; words];
+    let region = words.clamp(1, 1 << 16);
+    let regions = words.div_ceil(region);
+    let pid = std::process::id();
+    log_line(
+        &args.log,
+        &format!("start pid={pid} device={ordinal} words={words} dptr={dptr:#x}"),
+    );
+    let mut step = 0u64;
+    loop {
+        step += 1;
+        let r = (step as usize) % regions;
+        let (lo, hi) = (r * region, ((r + 1) * region).min(words));
+        let value = xorshift(&mut rng);
+        cuda.memset_async(dptr + (lo * 4) as u64, value, hi - lo)?;
+        expect[lo..hi].fill(value);
+        if args.busy_ms > 0 {
+            cuda.busy(args.busy_ms)?;
+        }
+        cuda.synchronize()?;
+        cuda.dtoh(&mut seen, dptr)?;
+        if let Some(i) = (0..words).find(|&i| seen[i] != expect[i]) {
+            log_line(
+                &args.log,
+                &format!(
+                    "MISMATCH step={step} pid={pid} word={i} expected={:#x} got={:#x}",
+                    expect[i], seen[i]
+                ),
+            );
+            std::process::exit(3);
+        }
+        log_line(
+            &args.log,
+            &format!("step={step} pid={pid} words={words} fnv={:016x} ok", fnv(&seen)),
+        );
+        if args.steps > 0 && step >= args.steps {
+            log_line(&args.log, &format!("done pid={pid}"));
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(args.interval_ms));
+    }
+}
+
+fn main() -> Result<()> {
+    sys::close_inherited_fds();
+    let args = Args::parse();
+    let interval = Duration::from_millis(args.interval_ms);
+    for i in 0..args.plain_children {
+        if sys::fork()? {
+            plain_loop(&format!("{}.plain{i}", args.log), interval);
+        }
+    }
+    let mut me = args.clone();
+    for i in 0..args.children {
+        if sys::fork()? {
+            me.log = format!("{}.gpu{i}", args.log);
+            me.seed = args.seed.wrapping_add(i as u64 + 1);
+            me.device = args.device + i as i32 + 1;
+            me.children = 0;
+            break;
+        }
+    }
+    if let Err(e) = gpu_loop(&me).context("GPU loop") {
+        log_line(&me.log, &format!("ERROR pid={} {e:#}", std::process::id()));
+        std::process::exit(2);
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! The checkpoint API as a controller calls it (`cuda-checkpoint-ctl`, the CRIU plugin): finds
+//! the target's control page through /proc and talks to its helper thread. Needs no `cuInit`,
+//! like the real driver.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::time::Duration;
+
+use crate::control::{Op, Request, MEMFD_LINK};
+use crate::errors::{code, injected_fault};
+use crate::shm::ControlPage;
+
+pub type CuResult<T> = Result<T, u32>;
+
+/// How long an action waits for the helper thread to start it. The real driver waits without
+/// limit; the simulation gives up so a test of a stopped process cannot hang forever.
+pub const PICKUP_ENV: &str = "CUDA_SIM_PICKUP_TIMEOUT_MS";
+const DEFAULT_PICKUP: Duration = Duration::from_secs(30);
+
+/// The innermost namespace id of a task.
+fn ns_id(task_path: &str) -> Option<i32> {
+    let s = fs::read_to_string(format!("{task_path}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// Maps the control page of process `pid`.
+fn attach(pid: i32) -> CuResult<ControlPage> {
+    if pid <= 0 {
+        return Err(code::INVALID_VALUE);
+    }
+    let dir = format!("/proc/{pid}/fd");
+    let entries = fs::read_dir(&dir).map_err(|e| match e.kind() {
+        ErrorKind::PermissionDenied => code::NOT_PERMITTED,
+        _ => code::NOT_FOUND,
+    })?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if fs::read_link(&path).ok().as_deref() != Some(std::path::Path::new(MEMFD_LINK)) {
+            continue;
+        }
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| match e.kind() {
+                ErrorKind::PermissionDenied => code::NOT_PERMITTED,
+                _ => code::NOT_FOUND,
+            })?;
+        let page = ControlPage::map(&file, false).map_err(|_| code::OPERATING_SYSTEM)?;
+        let owner = ns_id(&format!("/proc/{pid}"));
+        if page.block().is_valid()
+            && owner == Some(page.block().owner.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            return Ok(page);
+        }
+    }
+    Err(code::NOT_FOUND)
+}
+
+pub fn state(pid: i32) -> CuResult<u32> {
+    Ok(attach(pid)?.block().state())
+}
+
+/// The helper thread's id, as seen from the caller's pid namespace.
+pub fn restore_thread_id(pid: i32) -> CuResult<i32> {
+    let local = attach(pid)?
+        .block()
+        .restore_tid
+        .load(std::sync::atomic::Ordering::SeqCst);
+    let tasks = fs::read_dir(format!("/proc/{pid}/task")).map_err(|_| code::NOT_FOUND)?;
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if ns_id(&format!("/proc/{pid}/task/{tid}")) == Some(local) {
+            return Ok(tid);
+        }
+    }
+    Err(code::NOT_FOUND)
+}
+
+/// Runs `op` in process `pid` and waits for its result.
+pub fn act(pid: i32, op: Op, timeout_ms: u32, pairs: Vec<([u8; 16], [u8; 16])>) -> CuResult<()> {
+    let page = attach(pid)?;
+    let pickup = if op == Op::Lock && timeout_ms > 0 {
+        Duration::from_millis(timeout_ms as u64)
+    } else {
+        std::env::var(PICKUP_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(DEFAULT_PICKUP, Duration::from_millis)
+    };
+    let me = std::process::id() as i32;
+    let req = Request {
+        op,
+        timeout_ms,
+        fault: injected_fault(op),
+        pairs,
+    };
+    match page.block().call(me, &req, pickup) {
+        0 => Ok(()),
+        c => Err(c),
+    }
+}
