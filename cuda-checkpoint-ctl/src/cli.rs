@@ -177,7 +177,9 @@ fn dispatch(args: &Args) -> Result<i32, Error> {
         (Some(t), _) => t,
         (None, true) => Selector::All,
         (None, false) => {
-            eprintln!("cuda-checkpoint-ctl: name the process with --pid (or --tree, --cgroup, --all)");
+            eprintln!(
+                "cuda-checkpoint-ctl: name the process with --pid (or --tree, --cgroup, --all)"
+            );
             return Ok(2);
         }
     };
@@ -234,7 +236,10 @@ fn single(args: &Args, driver: &Driver, pid: i32, opts: &Options) -> Result<i32,
     let report = |verb: &str, e: &Error| -> i32 {
         match e {
             Error::Cuda(c) => {
-                eprintln!("Error {verb} CUDA in process ID {pid}: \"{}\"", c.description);
+                eprintln!(
+                    "Error {verb} CUDA in process ID {pid}: \"{}\"",
+                    c.description
+                );
                 c.code as i32
             }
             other => {
@@ -319,7 +324,11 @@ fn many(args: &Args, driver: &Driver, target: &Selector, opts: &Options) -> Resu
                 "{} of {} CUDA process(es) {}",
                 outcomes.len() - failed,
                 outcomes.len(),
-                if failed == 0 { "done" } else { "done; see the failures above" }
+                if failed == 0 {
+                    "done"
+                } else {
+                    "done; see the failures above"
+                }
             );
         }
     }
@@ -410,7 +419,11 @@ fn list(args: &Args, driver: &Driver, target: &Selector) -> Result<i32, Error> {
             process::comm(p.pid).unwrap_or_default(),
             p.state.to_string(),
             p.restore_tid,
-            if mem.is_empty() { "-".into() } else { mem.join(" ") }
+            if mem.is_empty() {
+                "-".into()
+            } else {
+                mem.join(" ")
+            }
         );
     }
     Ok(0)
@@ -479,7 +492,11 @@ mod tests {
         assert!(matches!(a.action, Some(ActionArg::Lock)) && a.timeout == Some(500));
         let a = parse(&["--action", "restore", "--pid", "1", "-d", "GPU-a=GPU-b"]).unwrap();
         assert_eq!(a.device_map.as_deref(), Some("GPU-a=GPU-b"));
-        assert!(parse(&["--get-restore-tid", "--pid", "7"]).unwrap().get_restore_tid);
+        assert!(
+            parse(&["--get-restore-tid", "--pid", "7"])
+                .unwrap()
+                .get_restore_tid
+        );
         assert!(parse(&["--get-state", "--pid", "7"]).unwrap().get_state);
     }
 

@@ -180,8 +180,7 @@ fn transition(
         (Goal::Suspend, _) | (Goal::Toggle, ProcessState::Running) => {
             suspend(driver, pid, opts.lock_timeout, t)?
         }
-        (Goal::Resume, _)
-        | (Goal::Toggle | Goal::Recover, ProcessState::Checkpointed) => {
+        (Goal::Resume, _) | (Goal::Toggle | Goal::Recover, ProcessState::Checkpointed) => {
             resume(driver, pid, &opts.device_map, t)?
         }
         (Goal::Recover, ProcessState::Locked) => timed(&mut t.unlock_ms, || driver.unlock(pid))?,
@@ -230,7 +229,10 @@ pub fn apply_all(driver: &Driver, pids: &[i32], goal: &Goal, opts: &Options) -> 
             .collect();
         let undone = in_parallel(&undo, |pid| apply(driver, pid, &Goal::Recover, opts));
         for u in undone {
-            let o = outcomes.iter_mut().find(|o| o.pid == u.pid).expect("own pid");
+            let o = outcomes
+                .iter_mut()
+                .find(|o| o.pid == u.pid)
+                .expect("own pid");
             o.rolled_back = u.ok();
             o.after = u.after;
             if let Some(e) = u.error {

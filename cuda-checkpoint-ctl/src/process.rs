@@ -61,7 +61,10 @@ pub fn children(pid: i32) -> Vec<i32> {
     };
     for task in tasks.flatten() {
         if let Ok(list) = fs::read_to_string(task.path().join("children")) {
-            out.extend(list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
         }
     }
     out.into_iter().collect()

@@ -161,7 +161,12 @@ impl ControlBlock {
             if s == slot::FREE
                 && self
                     .slot
-                    .compare_exchange(slot::FREE, slot::WRITING, Ordering::SeqCst, Ordering::SeqCst)
+                    .compare_exchange(
+                        slot::FREE,
+                        slot::WRITING,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    )
                     .is_ok()
             {
                 break;
@@ -181,7 +186,11 @@ impl ControlBlock {
             if Instant::now() >= deadline {
                 return code::TIMEOUT;
             }
-            wait(&self.slot, s, Some(deadline.min(Instant::now() + Duration::from_millis(50))));
+            wait(
+                &self.slot,
+                s,
+                Some(deadline.min(Instant::now() + Duration::from_millis(50))),
+            );
         }
         self.controller.store(me, Ordering::SeqCst);
         self.op.store(req.op as u32, Ordering::SeqCst);
@@ -192,8 +201,10 @@ impl ControlBlock {
         for (i, (old, new)) in req.pairs.iter().take(n).enumerate() {
             for (j, half) in [old, new].into_iter().enumerate() {
                 for (k, word) in half.chunks_exact(8).enumerate() {
-                    self.pairs[i * 4 + j * 2 + k]
-                        .store(u64::from_le_bytes(word.try_into().unwrap()), Ordering::SeqCst);
+                    self.pairs[i * 4 + j * 2 + k].store(
+                        u64::from_le_bytes(word.try_into().unwrap()),
+                        Ordering::SeqCst,
+                    );
                 }
             }
         }
@@ -211,7 +222,12 @@ impl ControlBlock {
                 slot::PENDING if Instant::now() >= deadline => {
                     if self
                         .slot
-                        .compare_exchange(slot::PENDING, slot::FREE, Ordering::SeqCst, Ordering::SeqCst)
+                        .compare_exchange(
+                            slot::PENDING,
+                            slot::FREE,
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        )
                         .is_ok()
                     {
                         wake(&self.slot);
@@ -233,7 +249,12 @@ impl ControlBlock {
             if s == slot::PENDING
                 && self
                     .slot
-                    .compare_exchange(slot::PENDING, slot::TAKEN, Ordering::SeqCst, Ordering::SeqCst)
+                    .compare_exchange(
+                        slot::PENDING,
+                        slot::TAKEN,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    )
                     .is_ok()
             {
                 let n = (self.npairs.load(Ordering::SeqCst) as usize).min(MAX_PAIRS);
@@ -288,7 +309,9 @@ mod tests {
         let helper = ControlPage::map(&fd, false).unwrap();
         let t = std::thread::spawn(move || {
             let req = helper.block().next_request();
-            helper.block().complete(req.op as u32 * 10 + req.pairs.len() as u32);
+            helper
+                .block()
+                .complete(req.op as u32 * 10 + req.pairs.len() as u32);
             req
         });
         let req = Request {
@@ -311,7 +334,10 @@ mod tests {
             pairs: vec![],
         };
         let start = Instant::now();
-        assert_eq!(p.block().call(99, &req, Duration::from_millis(100)), code::TIMEOUT);
+        assert_eq!(
+            p.block().call(99, &req, Duration::from_millis(100)),
+            code::TIMEOUT
+        );
         assert!(start.elapsed() >= Duration::from_millis(100));
         // The slot is free again: the next caller is not blocked by the withdrawn request.
         assert_eq!(p.block().slot.load(Ordering::SeqCst), slot::FREE);

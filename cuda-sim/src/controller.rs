@@ -12,8 +12,10 @@ use crate::shm::ControlPage;
 
 pub type CuResult<T> = Result<T, u32>;
 
-/// How long an action waits for the helper thread to start it. The real driver waits without
-/// limit; the simulation gives up so a test of a stopped process cannot hang forever.
+/// How long an action waits for the helper thread to start it. The real driver (r580) waits
+/// without limit, even for a lock with a timeout (measured: a lock of a SIGSTOPped process with
+/// timeoutMs=2000 was still waiting minutes later); the simulation gives up after this long with
+/// CUDA_ERROR_TIMEOUT, so a test of a stopped process cannot hang.
 pub const PICKUP_ENV: &str = "CUDA_SIM_PICKUP_TIMEOUT_MS";
 const DEFAULT_PICKUP: Duration = Duration::from_secs(30);
 
@@ -28,7 +30,8 @@ fn ns_id(task_path: &str) -> Option<i32> {
         .ok()
 }
 
-/// Maps the control page of process `pid`.
+/// Maps the control page of process `pid`. Errors as the real driver gives them: no such
+/// process is CUDA_ERROR_OPERATING_SYSTEM, a process without CUDA CUDA_ERROR_NOT_INITIALIZED.
 fn attach(pid: i32) -> CuResult<ControlPage> {
     if pid <= 0 {
         return Err(code::INVALID_VALUE);
@@ -36,7 +39,8 @@ fn attach(pid: i32) -> CuResult<ControlPage> {
     let dir = format!("/proc/{pid}/fd");
     let entries = fs::read_dir(&dir).map_err(|e| match e.kind() {
         ErrorKind::PermissionDenied => code::NOT_PERMITTED,
-        _ => code::NOT_FOUND,
+        ErrorKind::NotFound => code::OPERATING_SYSTEM,
+        _ => code::NOT_INITIALIZED,
     })?;
     for entry in entries.flatten() {
         let path = entry.path();
@@ -49,7 +53,7 @@ fn attach(pid: i32) -> CuResult<ControlPage> {
             .open(&path)
             .map_err(|e| match e.kind() {
                 ErrorKind::PermissionDenied => code::NOT_PERMITTED,
-                _ => code::NOT_FOUND,
+                _ => code::NOT_INITIALIZED,
             })?;
         let page = ControlPage::map(&file, false).map_err(|_| code::OPERATING_SYSTEM)?;
         let owner = ns_id(&format!("/proc/{pid}"));
@@ -59,7 +63,7 @@ fn attach(pid: i32) -> CuResult<ControlPage> {
             return Ok(page);
         }
     }
-    Err(code::NOT_FOUND)
+    Err(code::NOT_INITIALIZED)
 }
 
 pub fn state(pid: i32) -> CuResult<u32> {
@@ -72,7 +76,7 @@ pub fn restore_thread_id(pid: i32) -> CuResult<i32> {
         .block()
         .restore_tid
         .load(std::sync::atomic::Ordering::SeqCst);
-    let tasks = fs::read_dir(format!("/proc/{pid}/task")).map_err(|_| code::NOT_FOUND)?;
+    let tasks = fs::read_dir(format!("/proc/{pid}/task")).map_err(|_| code::OPERATING_SYSTEM)?;
     for t in tasks.flatten() {
         let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
@@ -87,14 +91,10 @@ pub fn restore_thread_id(pid: i32) -> CuResult<i32> {
 /// Runs `op` in process `pid` and waits for its result.
 pub fn act(pid: i32, op: Op, timeout_ms: u32, pairs: Vec<([u8; 16], [u8; 16])>) -> CuResult<()> {
     let page = attach(pid)?;
-    let pickup = if op == Op::Lock && timeout_ms > 0 {
-        Duration::from_millis(timeout_ms as u64)
-    } else {
-        std::env::var(PICKUP_ENV)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(DEFAULT_PICKUP, Duration::from_millis)
-    };
+    let pickup = std::env::var(PICKUP_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(DEFAULT_PICKUP, Duration::from_millis);
     let me = std::process::id() as i32;
     let req = Request {
         op,

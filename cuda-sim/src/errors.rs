@@ -26,9 +26,21 @@ const TABLE: &[(u32, &str, &str)] = &[
     (1, "CUDA_ERROR_INVALID_VALUE\0", "invalid argument\0"),
     (2, "CUDA_ERROR_OUT_OF_MEMORY\0", "out of memory\0"),
     (3, "CUDA_ERROR_NOT_INITIALIZED\0", "initialization error\0"),
-    (100, "CUDA_ERROR_NO_DEVICE\0", "no CUDA-capable device is detected\0"),
-    (101, "CUDA_ERROR_INVALID_DEVICE\0", "invalid device ordinal\0"),
-    (201, "CUDA_ERROR_INVALID_CONTEXT\0", "invalid device context\0"),
+    (
+        100,
+        "CUDA_ERROR_NO_DEVICE\0",
+        "no CUDA-capable device is detected\0",
+    ),
+    (
+        101,
+        "CUDA_ERROR_INVALID_DEVICE\0",
+        "invalid device ordinal\0",
+    ),
+    (
+        201,
+        "CUDA_ERROR_INVALID_CONTEXT\0",
+        "invalid device context\0",
+    ),
     (
         304,
         "CUDA_ERROR_OPERATING_SYSTEM\0",
@@ -41,8 +53,16 @@ const TABLE: &[(u32, &str, &str)] = &[
     ),
     (500, "CUDA_ERROR_NOT_FOUND\0", "named symbol not found\0"),
     (600, "CUDA_ERROR_NOT_READY\0", "device not ready\0"),
-    (800, "CUDA_ERROR_NOT_PERMITTED\0", "operation not permitted\0"),
-    (801, "CUDA_ERROR_NOT_SUPPORTED\0", "operation not supported\0"),
+    (
+        800,
+        "CUDA_ERROR_NOT_PERMITTED\0",
+        "operation not permitted\0",
+    ),
+    (
+        801,
+        "CUDA_ERROR_NOT_SUPPORTED\0",
+        "operation not supported\0",
+    ),
     (909, "CUDA_ERROR_TIMEOUT\0", "timeout occurred\0"),
     (999, "CUDA_ERROR_UNKNOWN\0", "unknown error\0"),
 ];

@@ -137,10 +137,7 @@ impl Daemon {
         let mut reader = BufReader::new(&conn);
         let mut writer = BufWriter::new(&conn);
         let mut registered = false;
-        loop {
-            let Ok(req) = Request::recv(&mut reader) else {
-                break;
-            };
+        while let Ok(req) = Request::recv(&mut reader) {
             if let Request::Hello { app: true } = req {
                 if !registered {
                     registered = true;
@@ -189,7 +186,10 @@ impl Daemon {
                 devices: self.devices.clone(),
             }),
             Request::Alloc { device, dptr, size } => {
-                let dev = self.devices.get(device as usize).ok_or(code::INVALID_DEVICE)?;
+                let dev = self
+                    .devices
+                    .get(device as usize)
+                    .ok_or(code::INVALID_DEVICE)?;
                 if size == 0 || allocs.contains_key(&dptr) {
                     return Err(code::INVALID_VALUE);
                 }
@@ -243,7 +243,10 @@ impl Daemon {
                 Ok(Reply::Done)
             }
             Request::MemInfo { device } => {
-                let dev = self.devices.get(device as usize).ok_or(code::INVALID_DEVICE)?;
+                let dev = self
+                    .devices
+                    .get(device as usize)
+                    .ok_or(code::INVALID_DEVICE)?;
                 let used = self.state.lock().unwrap().used[device as usize];
                 Ok(Reply::MemInfo {
                     free: dev.total_memory - used,
@@ -251,7 +254,9 @@ impl Daemon {
                 })
             }
             Request::Processes { device } => {
-                self.devices.get(device as usize).ok_or(code::INVALID_DEVICE)?;
+                self.devices
+                    .get(device as usize)
+                    .ok_or(code::INVALID_DEVICE)?;
                 let st = self.state.lock().unwrap();
                 let mut list: Vec<(u32, u64)> = st
                     .clients

@@ -32,24 +32,57 @@ pub struct DeviceDesc {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     /// First message of every connection; `app` connections own device memory.
-    Hello { app: bool },
-    Alloc { device: u32, dptr: u64, size: u64 },
-    Free { dptr: u64 },
-    Write { dptr: u64, offset: u64, data: Vec<u8> },
-    Read { dptr: u64, offset: u64, len: u64 },
-    Memset32 { dptr: u64, offset: u64, count: u64, value: u32 },
+    Hello {
+        app: bool,
+    },
+    Alloc {
+        device: u32,
+        dptr: u64,
+        size: u64,
+    },
+    Free {
+        dptr: u64,
+    },
+    Write {
+        dptr: u64,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Read {
+        dptr: u64,
+        offset: u64,
+        len: u64,
+    },
+    Memset32 {
+        dptr: u64,
+        offset: u64,
+        count: u64,
+        value: u32,
+    },
     /// Keeps the device busy, like a long kernel.
-    Busy { ms: u32 },
-    MemInfo { device: u32 },
-    Processes { device: u32 },
+    Busy {
+        ms: u32,
+    },
+    MemInfo {
+        device: u32,
+    },
+    Processes {
+        device: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    Hello { driver_version: String, devices: Vec<DeviceDesc> },
+    Hello {
+        driver_version: String,
+        devices: Vec<DeviceDesc>,
+    },
     Done,
     Data(Vec<u8>),
-    MemInfo { free: u64, total: u64 },
+    MemInfo {
+        free: u64,
+        total: u64,
+    },
     Processes(Vec<(u32, u64)>),
 }
 
@@ -116,7 +149,10 @@ fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_FRAME {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "frame too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "frame too large",
+        ));
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
@@ -248,7 +284,10 @@ pub fn send_answer(w: &mut impl Write, answer: &Answer) -> io::Result<()> {
                 .bytes(driver_version.as_bytes())
                 .u32(devices.len() as u32);
             for d in devices {
-                e = e.bytes(&d.uuid).bytes(d.name.as_bytes()).u64(d.total_memory);
+                e = e
+                    .bytes(&d.uuid)
+                    .bytes(d.name.as_bytes())
+                    .u64(d.total_memory);
             }
             e
         }
@@ -392,11 +431,17 @@ mod tests {
         let mut buf = Vec::new();
         send_answer(&mut buf, &Ok(Reply::Data(vec![1, 2, 3]))).unwrap();
         let mut dst = [0u8; 3];
-        assert_eq!(recv_data_into(&mut buf.as_slice(), &mut dst).unwrap(), Ok(()));
+        assert_eq!(
+            recv_data_into(&mut buf.as_slice(), &mut dst).unwrap(),
+            Ok(())
+        );
         assert_eq!(dst, [1, 2, 3]);
         let mut buf = Vec::new();
         send_answer(&mut buf, &Err(2)).unwrap();
-        assert_eq!(recv_data_into(&mut buf.as_slice(), &mut dst).unwrap(), Err(2));
+        assert_eq!(
+            recv_data_into(&mut buf.as_slice(), &mut dst).unwrap(),
+            Err(2)
+        );
     }
 
     #[test]

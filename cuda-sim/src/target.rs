@@ -127,7 +127,10 @@ impl Link {
                     tv_sec: left.as_secs() as i64,
                     tv_nsec: left.subsec_nanos() as i64,
                 };
-                let mut fds = [rustix::event::PollFd::new(&*s, rustix::event::PollFlags::IN)];
+                let mut fds = [rustix::event::PollFd::new(
+                    &*s,
+                    rustix::event::PollFlags::IN,
+                )];
                 if rustix::event::poll(&mut fds, Some(&ts)).map_err(|_| code::UNKNOWN)? == 0 {
                     return Err(code::TIMEOUT);
                 }
@@ -233,7 +236,10 @@ pub fn init() -> CuResult<()> {
     if FORKED.load(Ordering::SeqCst) {
         return Err(code::NOT_INITIALIZED);
     }
-    let rt = RUNTIME.get_or_init(Runtime::start).as_ref().map_err(|c| *c)?;
+    let rt = RUNTIME
+        .get_or_init(Runtime::start)
+        .as_ref()
+        .map_err(|c| *c)?;
     HELPER.call_once(|| {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -356,7 +362,10 @@ impl Runtime {
     /// The allocation holding `[dptr, dptr+len)`: its base and the offset into it.
     fn locate(&self, dptr: u64, len: u64) -> CuResult<(u64, u64)> {
         let allocs = self.allocs.lock().unwrap();
-        let (&base, a) = allocs.range(..=dptr).next_back().ok_or(code::INVALID_VALUE)?;
+        let (&base, a) = allocs
+            .range(..=dptr)
+            .next_back()
+            .ok_or(code::INVALID_VALUE)?;
         let off = dptr - base;
         if off.checked_add(len).is_none_or(|end| end > a.size) {
             return Err(code::INVALID_VALUE);
@@ -455,7 +464,8 @@ impl Runtime {
     }
 
     fn lock(&self, timeout_ms: u32) -> CuResult<()> {
-        let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+        let deadline =
+            (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
         if !self.gate.close(deadline) {
             return Err(code::TIMEOUT);
         }

@@ -1,1 +1,359 @@
+//! Test harness: the simulated GPU, GPU-like applications, the CLI and real CRIU, as processes.
+//!
+//! The binaries come from the workspace's target directory, so `cargo build --workspace` must
+//! have run first (scripts/test.sh does).
 
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub mod criu;
+
+/// The directory holding the workspace's build products (target/debug or target/release).
+pub fn build_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("GPU_CKPT_BUILD_DIR") {
+        return PathBuf::from(dir);
+    }
+    // target/<profile>/deps/<test binary>
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+/// A build product, or a panic that says how to make it.
+pub fn artifact(name: &str) -> PathBuf {
+    let p = build_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` before the tests (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// Polls `f` until it returns true or `limit` passes.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    f()
+}
+
+pub fn pid_alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie has exited already.
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Waits for a pid to disappear (CRIU restores a tree with the same pids).
+pub fn wait_gone(pid: i32) {
+    assert!(
+        wait_until(Duration::from_secs(10), || !Path::new(&format!(
+            "/proc/{pid}"
+        ))
+        .exists()),
+        "pid {pid} is still there"
+    );
+}
+
+pub fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A simulated GPU (its daemon) and a scratch directory; everything is torn down on drop.
+pub struct Sim {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub lib_dir: PathBuf,
+    daemon: Child,
+    apps: Vec<i32>,
+}
+
+/// Parameters of the simulated machine.
+pub struct SimSpec<'a> {
+    pub gpus: u32,
+    pub memory: &'a str,
+    /// Names the machine: GPU UUIDs derive from it.
+    pub seed: &'a str,
+}
+
+impl Default for SimSpec<'_> {
+    fn default() -> Self {
+        SimSpec {
+            gpus: 1,
+            memory: "1GiB",
+            seed: "machine-a",
+        }
+    }
+}
+
+impl Sim {
+    pub fn start() -> Sim {
+        Sim::with(SimSpec::default())
+    }
+
+    pub fn with(spec: SimSpec<'_>) -> Sim {
+        let dir = std::env::temp_dir().join(format!(
+            "gpu-ckpt-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        let lib_dir = dir.join("lib");
+        fs::create_dir_all(&lib_dir).unwrap();
+        // The simulated driver under the names of the real libraries, in a folder of its own:
+        // only processes told about this folder use it.
+        let lib = artifact("libcuda.so");
+        fs::copy(&lib, lib_dir.join("libcuda.so.1")).unwrap();
+        fs::copy(&lib, lib_dir.join("libnvidia-ml.so.1")).unwrap();
+        let socket = dir.join("gpud.sock");
+        Sim {
+            daemon: Sim::spawn_daemon(&dir, &socket, &spec),
+            dir,
+            socket,
+            lib_dir,
+            apps: Vec::new(),
+        }
+    }
+
+    fn spawn_daemon(dir: &Path, socket: &Path, spec: &SimSpec<'_>) -> Child {
+        let _ = fs::remove_file(socket);
+        let child = Command::new(artifact("cuda-sim-gpud"))
+            .args(["--socket", socket.to_str().unwrap()])
+            .args(["--gpus", &spec.gpus.to_string(), "--memory", spec.memory])
+            .args(["--uuid-seed", spec.seed])
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(dir.join("gpud.log")).unwrap())
+            .spawn()
+            .expect("start cuda-sim-gpud");
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                std::os::unix::net::UnixStream::connect(socket).is_ok()
+            }),
+            "the GPU daemon did not come up"
+        );
+        child
+    }
+
+    /// Replaces the GPU daemon by another "machine" (e.g. other UUIDs or memory sizes).
+    pub fn swap_gpus(&mut self, spec: SimSpec<'_>) {
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        self.daemon = Sim::spawn_daemon(&self.dir, &self.socket, &spec);
+    }
+
+    /// The environment every process of this simulated machine needs.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("CUDA_SIM_SOCKET".into(), self.socket.display().to_string()),
+            (
+                "CUDA_CKPT_LIBCUDA".into(),
+                self.lib_dir.join("libcuda.so.1").display().to_string(),
+            ),
+            (
+                "CUDA_CKPT_LIBNVML".into(),
+                self.lib_dir.join("libnvidia-ml.so.1").display().to_string(),
+            ),
+            ("LD_LIBRARY_PATH".into(), self.lib_dir.display().to_string()),
+        ]
+    }
+
+    /// Starts the test application as a session leader (as CRIU wants a dump root).
+    pub fn app(&mut self, name: &str, args: &[&str]) -> App {
+        let log = self.dir.join(format!("{name}.log"));
+        let child = setsid_command(&artifact("cuda-sim-app"))
+            .args(["--log", log.to_str().unwrap()])
+            .args(args)
+            .envs(self.env())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start cuda-sim-app");
+        let pid = reap_in_background(child);
+        self.apps.push(pid);
+        let app = App { pid, log };
+        assert!(
+            wait_until(Duration::from_secs(20), || app.steps() >= 1),
+            "{name} did not start: {}",
+            app.tail()
+        );
+        app
+    }
+
+    /// Remembers a pid to kill at the end (e.g. a restored process).
+    pub fn adopt(&mut self, pid: i32) {
+        self.apps.push(pid);
+    }
+
+    /// Runs cuda-checkpoint-ctl.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        self.ctl_env(args, &[])
+    }
+
+    pub fn ctl_env(&self, args: &[&str], extra: &[(&str, &str)]) -> Output {
+        Command::new(artifact("cuda-checkpoint-ctl"))
+            .args(args)
+            .envs(self.env())
+            .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .output()
+            .expect("run cuda-checkpoint-ctl")
+    }
+
+    /// `cuda-checkpoint-ctl ARGS --json`, parsed.
+    pub fn ctl_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let out = self.ctl(&a);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "bad JSON from {args:?} ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
+    pub fn state(&self, pid: i32) -> String {
+        let out = self.ctl(&["--get-state", "--pid", &pid.to_string()]);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// GPUs as NVML sees them: (uuid, used bytes).
+    pub fn gpus(&self) -> Vec<(String, u64)> {
+        let v = self.ctl_json(&["--gpus"]);
+        v["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                (
+                    g["uuid"].as_str().unwrap().to_owned(),
+                    g["memory_used"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        for &pid in &self.apps {
+            signal(pid, nix::sys::signal::Signal::SIGKILL);
+            for kid in cuda_checkpoint_ctl::process::tree(pid) {
+                signal(kid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        if std::env::var_os("KEEP_TEST_DIRS").is_none() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Hands a child to a thread that reaps it when it dies, so its pid is free again at once
+/// (CRIU restores processes with their old pids). Returns the pid.
+pub fn reap_in_background(mut child: Child) -> i32 {
+    let pid = child.id() as i32;
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    pid
+}
+
+/// `setsid PROGRAM`: a new session, so CRIU can dump the process as a tree root.
+pub fn setsid_command(program: &Path) -> Command {
+    let mut c = Command::new("setsid");
+    c.arg(program);
+    c
+}
+
+/// A running test application and its log.
+pub struct App {
+    pub pid: i32,
+    pub log: PathBuf,
+}
+
+impl App {
+    pub fn lines(&self) -> Vec<String> {
+        read_lines(&self.log)
+    }
+
+    /// The number of verified steps so far.
+    pub fn steps(&self) -> usize {
+        self.lines().iter().filter(|l| l.ends_with(" ok")).count()
+    }
+
+    /// Asserts no step found wrong data and the application did not fail.
+    pub fn assert_healthy(&self) {
+        for l in self.lines() {
+            assert!(
+                !l.starts_with("MISMATCH") && !l.starts_with("ERROR"),
+                "{}: {l}",
+                self.log.display()
+            );
+        }
+    }
+
+    /// Waits for `n` more verified steps.
+    pub fn advances(&self, n: usize) -> bool {
+        let start = self.steps();
+        wait_until(Duration::from_secs(20), || self.steps() >= start + n)
+    }
+
+    /// True if no step completes within `d` (the process is locked or stopped). A step past its
+    /// last CUDA call may still log once, so the count starts after a moment.
+    pub fn stalls_for(&self, d: Duration) -> bool {
+        std::thread::sleep(Duration::from_millis(200));
+        let start = self.steps();
+        std::thread::sleep(d);
+        self.steps() == start
+    }
+
+    pub fn tail(&self) -> String {
+        self.lines()
+            .iter()
+            .rev()
+            .take(3)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" | ")
+    }
+}
+
+pub fn read_lines(p: &Path) -> Vec<String> {
+    fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// stdout of a command as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The exit status as the shell sees it (a CUDA error code modulo 256).
+pub fn exit_code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}

@@ -12,8 +12,8 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::PathBuf;
 
 use cudarc::driver::sys::{
-    CUcheckpointCheckpointArgs, CUcheckpointGpuPair, CUcheckpointLockArgs,
-    CUcheckpointRestoreArgs, CUcheckpointUnlockArgs, CUuuid,
+    CUcheckpointCheckpointArgs, CUcheckpointGpuPair, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
+    CUcheckpointUnlockArgs, CUuuid,
 };
 use libloading::Library;
 
@@ -46,7 +46,10 @@ pub enum LoadError {
     /// `dlopen` failed.
     Open(String),
     /// The library loaded but lacks a checkpoint entry point.
-    MissingSymbol { symbol: &'static str, version: Option<i32> },
+    MissingSymbol {
+        symbol: &'static str,
+        version: Option<i32>,
+    },
 }
 
 pub struct RawDriver {
@@ -253,7 +256,10 @@ mod tests {
         assert_eq!(std::mem::size_of::<CUcheckpointRestoreArgs>(), 64);
         assert_eq!(std::mem::size_of::<CUcheckpointUnlockArgs>(), 64);
         assert_eq!(std::mem::size_of::<CUcheckpointGpuPair>(), 32);
-        assert_eq!(std::mem::offset_of!(CUcheckpointRestoreArgs, gpuPairsCount), 8);
+        assert_eq!(
+            std::mem::offset_of!(CUcheckpointRestoreArgs, gpuPairsCount),
+            8
+        );
     }
 
     #[test]

@@ -199,15 +199,14 @@ impl Driver {
             },
             ffi::LoadError::MissingSymbol { symbol, version } => LoadError::TooOld {
                 library: name.clone(),
-                version: version.map(format_cuda_version).unwrap_or_else(|| "?".into()),
+                version: version
+                    .map(format_cuda_version)
+                    .unwrap_or_else(|| "?".into()),
                 symbol,
             },
         })?;
         let info = DriverInfo {
-            library: raw
-                .path()
-                .map(|p| p.display().to_string())
-                .unwrap_or(name),
+            library: raw.path().map(|p| p.display().to_string()).unwrap_or(name),
             cuda_version: raw.version(),
             simulated: raw.simulation(),
         };
@@ -323,7 +322,9 @@ mod tests {
 
     #[test]
     fn missing_driver_names_the_fix() {
-        let err = Driver::load(Some("/nonexistent/libcuda.so.1")).err().unwrap();
+        let err = Driver::load(Some("/nonexistent/libcuda.so.1"))
+            .err()
+            .unwrap();
         let msg = err.to_string();
         assert!(msg.contains("/nonexistent/libcuda.so.1"), "{msg}");
         assert!(msg.contains("install the NVIDIA driver"), "{msg}");

@@ -179,7 +179,10 @@ mod tests {
         let c: GpuUuid = "GPU-11111111-2222-3333-4444-555555555555".parse().unwrap();
         let full = m.complete_for(&[a, c]).unwrap();
         assert_eq!(full.pairs(), &[(a, b), (c, c)]);
-        assert!(matches!(m.complete_for(&[a, b]), Err(ParseError::DuplicateNew(_))));
+        assert!(matches!(
+            m.complete_for(&[a, b]),
+            Err(ParseError::DuplicateNew(_))
+        ));
         assert_eq!(m.to_string(), format!("{A}={B}"));
         assert!(DeviceMap::default().complete_for(&[a]).unwrap().is_empty());
     }

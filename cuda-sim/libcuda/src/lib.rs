@@ -273,7 +273,10 @@ pub extern "C" fn cuSimLaunchBusyKernel(ms: c_uint, _stream: *mut c_void) -> CUr
 // ---- the checkpoint API (controller side) ----
 
 #[no_mangle]
-pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(pid: c_int, tid: *mut c_int) -> CUresult {
+pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(
+    pid: c_int,
+    tid: *mut c_int,
+) -> CUresult {
     ret(|| {
         let t = controller::restore_thread_id(pid)?;
         // SAFETY: out-parameter per cuda.h.
@@ -320,7 +323,10 @@ pub extern "C" fn cuCheckpointProcessCheckpoint(pid: c_int, _args: *mut c_void) 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuCheckpointProcessRestore(pid: c_int, args: *mut RestoreArgs) -> CUresult {
+pub unsafe extern "C" fn cuCheckpointProcessRestore(
+    pid: c_int,
+    args: *mut RestoreArgs,
+) -> CUresult {
     let mut pairs = Vec::new();
     // SAFETY: NULL or a valid CUcheckpointRestoreArgs whose gpuPairs holds gpuPairsCount
     // entries of 32 bytes, per cuda.h.
@@ -330,7 +336,8 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(pid: c_int, args: *mut Resto
                 return code::INVALID_VALUE;
             }
             // SAFETY: see above.
-            let raw = unsafe { std::slice::from_raw_parts(a.gpu_pairs, a.gpu_pairs_count as usize) };
+            let raw =
+                unsafe { std::slice::from_raw_parts(a.gpu_pairs, a.gpu_pairs_count as usize) };
             pairs = raw
                 .iter()
                 .map(|p| (p[..16].try_into().unwrap(), p[16..].try_into().unwrap()))
@@ -408,7 +415,10 @@ pub extern "C" fn nvmlErrorString(r: NvmlReturn) -> *const c_char {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, len: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
     // SAFETY: `version` holds `len` bytes, per nvml.h.
     nvml_ret(|| unsafe { nvml_str(version, len, &nvml::driver_version()?) })
 }
@@ -416,7 +426,9 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, len: c
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> NvmlReturn {
     // SAFETY: out-parameter per nvml.h.
-    nvml_ret(|| unsafe { put(version, cuda_sim::CUDA_VERSION) }.map_err(|_| nvml::ret::INVALID_ARGUMENT))
+    nvml_ret(|| {
+        unsafe { put(version, cuda_sim::CUDA_VERSION) }.map_err(|_| nvml::ret::INVALID_ARGUMENT)
+    })
 }
 
 #[no_mangle]
@@ -435,7 +447,10 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, dev: *mut *mut c_void) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    dev: *mut *mut c_void,
+) -> NvmlReturn {
     nvml_ret(|| {
         nvml::device(index)?;
         // SAFETY: out-parameter per nvml.h.
@@ -455,7 +470,11 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(dev: *mut c_void, index: *mut c_uint
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(dev: *mut c_void, uuid: *mut c_char, len: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    dev: *mut c_void,
+    uuid: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
     nvml_ret(|| {
         let d = nvml::device(nvml_index(dev)?)?;
         // SAFETY: `uuid` holds `len` bytes, per nvml.h.
@@ -464,7 +483,11 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(dev: *mut c_void, uuid: *mut c_char, 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetName(dev: *mut c_void, name: *mut c_char, len: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    dev: *mut c_void,
+    name: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
     nvml_ret(|| {
         let d = nvml::device(nvml_index(dev)?)?;
         // SAFETY: `name` holds `len` bytes, per nvml.h.
@@ -481,7 +504,10 @@ pub struct NvmlMemory {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: *mut c_void, mem: *mut NvmlMemory) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    dev: *mut c_void,
+    mem: *mut NvmlMemory,
+) -> NvmlReturn {
     nvml_ret(|| {
         let (free, total, used) = nvml::memory(nvml_index(dev)?)?;
         // SAFETY: out-parameter per nvml.h.
@@ -501,12 +527,23 @@ pub struct NvmlMemoryV2 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: *mut c_void, mem: *mut NvmlMemoryV2) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    dev: *mut c_void,
+    mem: *mut NvmlMemoryV2,
+) -> NvmlReturn {
     nvml_ret(|| {
         let (free, total, used) = nvml::memory(nvml_index(dev)?)?;
         // SAFETY: in/out parameter per nvml.h; the caller set `version`.
-        let version = unsafe { mem.as_ref() }.ok_or(nvml::ret::INVALID_ARGUMENT)?.version;
-        let info = NvmlMemoryV2 { version, total, reserved: 0, free, used };
+        let version = unsafe { mem.as_ref() }
+            .ok_or(nvml::ret::INVALID_ARGUMENT)?
+            .version;
+        let info = NvmlMemoryV2 {
+            version,
+            total,
+            reserved: 0,
+            free,
+            used,
+        };
         // SAFETY: as above.
         unsafe { put(mem, info) }.map_err(|_| nvml::ret::INVALID_ARGUMENT)
     })

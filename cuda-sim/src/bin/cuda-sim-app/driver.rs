@@ -74,7 +74,9 @@ impl Cuda {
     pub fn device_count(&self) -> Result<i32> {
         let mut n = 0;
         // SAFETY: out-parameter.
-        self.check("cuDeviceGetCount", unsafe { (self.device_get_count)(&mut n) })?;
+        self.check("cuDeviceGetCount", unsafe {
+            (self.device_get_count)(&mut n)
+        })?;
         Ok(n)
     }
 
@@ -119,8 +121,12 @@ impl Cuda {
     pub fn busy(&self, ms: u32) -> Result<()> {
         match self.busy_kernel {
             // SAFETY: plain call on the default stream.
-            Some(f) => self.check("cuSimLaunchBusyKernel", unsafe { f(ms, std::ptr::null_mut()) }),
-            None => Err(anyhow!("this driver has no busy kernel (not the simulation)")),
+            Some(f) => self.check("cuSimLaunchBusyKernel", unsafe {
+                f(ms, std::ptr::null_mut())
+            }),
+            None => Err(anyhow!(
+                "this driver has no busy kernel (not the simulation)"
+            )),
         }
     }
 

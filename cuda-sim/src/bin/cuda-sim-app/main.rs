@@ -127,7 +127,10 @@ fn gpu_loop(args: &Args) -> Result<()> {
         }
         log_line(
             &args.log,
-            &format!("step={step} pid={pid} words={words} fnv={:016x} ok", fnv(&seen)),
+            &format!(
+                "step={step} pid={pid} words={words} fnv={:016x} ok",
+                fnv(&seen)
+            ),
         );
         if args.steps > 0 && step >= args.steps {
             log_line(&args.log, &format!("done pid={pid}"));

@@ -1,0 +1,1 @@
+//! CRIU helpers (filled in with the plugin).
