@@ -1,1 +1,154 @@
-//! CRIU helpers (filled in with the plugin).
+//! Running the real CRIU with the plugin.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::{artifact, stderr, Sim};
+
+/// The installed CRIU, which must be 4.2 or later (scripts/install-criu.sh installs it).
+pub fn criu_binary() -> PathBuf {
+    let candidates = [
+        std::env::var("CRIU").ok().map(PathBuf::from),
+        Some(PathBuf::from("/usr/local/sbin/criu")),
+        Some(PathBuf::from("/usr/sbin/criu")),
+    ];
+    for c in candidates.into_iter().flatten() {
+        if let Ok(out) = Command::new(&c).arg("--version").output() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let version = text
+                .lines()
+                .find_map(|l| l.strip_prefix("Version: "))
+                .unwrap_or("0");
+            let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+            let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+            if (major, minor) >= (4, 2) {
+                return c;
+            }
+        }
+    }
+    panic!("CRIU >= 4.2 not found: run scripts/install-criu.sh (or set CRIU=/path/to/criu)");
+}
+
+/// An image directory and the plugin directory for one simulated machine.
+pub struct Criu {
+    pub bin: PathBuf,
+    pub plugins: PathBuf,
+}
+
+impl Criu {
+    /// A plugin directory holding only this project's plugin.
+    pub fn new(sim: &Sim) -> Criu {
+        let plugins = sim.dir.join("criu-plugins");
+        fs::create_dir_all(&plugins).unwrap();
+        fs::copy(
+            artifact("libcriu_gpu_plugin.so"),
+            plugins.join("criu_gpu_plugin.so"),
+        )
+        .unwrap();
+        Criu {
+            bin: criu_binary(),
+            plugins,
+        }
+    }
+
+    fn run(&self, sim: &Sim, args: &[&str], env: &[(&str, &str)]) -> Output {
+        Command::new(&self.bin)
+            .args(args)
+            .args(["--lib", self.plugins.to_str().unwrap()])
+            .envs(sim.env())
+            .env_remove("LD_LIBRARY_PATH")
+            .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .output()
+            .expect("run criu")
+    }
+
+    /// `criu dump -t PID -D DIR -v4 -o dump.log [args]`.
+    pub fn dump(
+        &self,
+        sim: &Sim,
+        pid: i32,
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Output {
+        fs::create_dir_all(dir).unwrap();
+        let pid = pid.to_string();
+        let mut a = vec![
+            "dump",
+            "-t",
+            &pid,
+            "-D",
+            dir.to_str().unwrap(),
+            "-v4",
+            "-o",
+            "dump.log",
+        ];
+        a.extend_from_slice(args);
+        self.run(sim, &a, env)
+    }
+
+    /// `criu pre-dump ...`.
+    pub fn pre_dump(&self, sim: &Sim, pid: i32, dir: &Path) -> Output {
+        fs::create_dir_all(dir).unwrap();
+        let pid = pid.to_string();
+        self.run(
+            sim,
+            &[
+                "pre-dump",
+                "-t",
+                &pid,
+                "-D",
+                dir.to_str().unwrap(),
+                "-v4",
+                "-o",
+                "pre-dump.log",
+            ],
+            &[],
+        )
+    }
+
+    /// `criu restore -D DIR -d -v4 -o restore.log [args]`.
+    pub fn restore(&self, sim: &Sim, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut a = vec![
+            "restore",
+            "-D",
+            dir.to_str().unwrap(),
+            "-d",
+            "-v4",
+            "-o",
+            "restore.log",
+        ];
+        a.extend_from_slice(args);
+        self.run(sim, &a, env)
+    }
+}
+
+/// A CRIU log of an image directory.
+pub fn log(dir: &Path, name: &str) -> String {
+    fs::read_to_string(dir.join(name)).unwrap_or_default()
+}
+
+/// Asserts a CRIU command succeeded, showing its log otherwise.
+pub fn assert_ok(out: &Output, dir: &Path, log_name: &str) {
+    assert!(
+        out.status.success(),
+        "criu failed: {}\n--- {log_name} (tail) ---\n{}",
+        stderr(out),
+        tail(&log(dir, log_name), 40)
+    );
+}
+
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The plugin's lines of a CRIU log.
+pub fn plugin_lines(dir: &Path, log_name: &str) -> Vec<String> {
+    log(dir, log_name)
+        .lines()
+        .filter(|l| l.contains("criu_gpu:"))
+        .map(str::to_owned)
+        .collect()
+}

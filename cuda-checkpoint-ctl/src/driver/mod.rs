@@ -16,7 +16,7 @@ mod uuid;
 use std::fmt;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use self::uuid::{DeviceMap, GpuUuid, ParseError};
 
@@ -28,7 +28,7 @@ pub const DEFAULT_LIBCUDA: &str = "libcuda.so.1";
 pub const DEVICE_MAP_MIN_VERSION: i32 = 13000;
 
 /// A checkpoint state of a CUDA process (`CUprocessState`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProcessState {
     Running,
@@ -79,7 +79,7 @@ impl fmt::Display for ProcessState {
 }
 
 /// A driver call, for error messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Call {
     GetRestoreThreadId,
@@ -167,7 +167,7 @@ pub enum LoadError {
 }
 
 /// What was loaded, for logs and `--json` output.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DriverInfo {
     /// The file the dynamic loader opened.
     pub library: String,
@@ -312,6 +312,10 @@ mod tests {
             serde_json::to_string(&ProcessState::Checkpointed).unwrap(),
             "\"checkpointed\""
         );
+        for s in [ProcessState::Locked, ProcessState::Unknown(9)] {
+            let text = serde_json::to_string(&s).unwrap();
+            assert_eq!(serde_json::from_str::<ProcessState>(&text).unwrap(), s);
+        }
     }
 
     #[test]

@@ -49,6 +49,13 @@ struct Args {
     /// The driver library.
     #[arg(long, default_value = "libcuda.so.1")]
     lib: String,
+    /// Do not use CUDA in this process (only in --children).
+    #[arg(long)]
+    plain: bool,
+    /// Keep a connection to this unix socket open: a resource CRIU cannot dump, to make a dump
+    /// fail after the GPU checkpoint (tests).
+    #[arg(long)]
+    hold_unix_socket: Option<String>,
 }
 
 fn log_line(path: &str, line: &str) {
@@ -84,6 +91,13 @@ fn plain_loop(log: &str, interval: Duration) -> ! {
 }
 
 fn gpu_loop(args: &Args) -> Result<()> {
+    let _held = match &args.hold_unix_socket {
+        Some(p) => Some(
+            std::os::unix::net::UnixStream::connect(p)
+                .with_context(|| format!("connecting {p}"))?,
+        ),
+        None => None,
+    };
     let cuda = driver::Cuda::load(&args.lib)?;
     cuda.init()?;
     let count = cuda.device_count()?;
@@ -142,6 +156,7 @@ fn gpu_loop(args: &Args) -> Result<()> {
 
 fn main() -> Result<()> {
     sys::close_inherited_fds();
+    sys::reap_children_automatically();
     let args = Args::parse();
     let interval = Duration::from_millis(args.interval_ms);
     for i in 0..args.plain_children {
@@ -156,8 +171,12 @@ fn main() -> Result<()> {
             me.seed = args.seed.wrapping_add(i as u64 + 1);
             me.device = args.device + i as i32 + 1;
             me.children = 0;
+            me.plain = false;
             break;
         }
+    }
+    if me.plain {
+        plain_loop(&me.log, interval);
     }
     if let Err(e) = gpu_loop(&me).context("GPU loop") {
         log_line(&me.log, &format!("ERROR pid={} {e:#}", std::process::id()));

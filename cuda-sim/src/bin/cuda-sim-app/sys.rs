@@ -16,3 +16,14 @@ pub fn fork() -> anyhow::Result<bool> {
         nix::unistd::ForkResult::Parent { .. } => Ok(false),
     }
 }
+
+/// Children are reaped by the kernel as they exit (a checkpoint test kills some of them).
+pub fn reap_children_automatically() {
+    // SAFETY: installs SIG_IGN, no handler code runs; called before any thread exists.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGCHLD,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    };
+}

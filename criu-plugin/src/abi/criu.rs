@@ -1,0 +1,141 @@
+//! CRIU's side of the ABI: the few functions and the option this plugin uses from the `criu`
+//! executable, found at run time with `dlsym(RTLD_DEFAULT)`.
+//!
+//! Only `criu_get_image_dir` is public API; the rest are CRIU internals that the `criu` binary
+//! exports (it links with -rdynamic). Resolving them at run time instead of at link time keeps
+//! the plugin loadable by CRIU versions that lack one of them (a missing import would make
+//! `dlopen`, and with it every CRIU command, fail) and outside CRIU (tests, tools).
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+use std::sync::OnceLock;
+
+type PrintOnLevel = unsafe extern "C" fn(c_uint, *const c_char, ...);
+type AddInventoryPlugin = unsafe extern "C" fn(*const c_char) -> c_int;
+type CheckAndRemoveInventoryPlugin = unsafe extern "C" fn(*const c_char, usize) -> bool;
+type VoidFn = unsafe extern "C" fn();
+type GetImageDir = unsafe extern "C" fn() -> c_int;
+
+/// CRIU log levels (criu/include/log.h).
+pub const LOG_ERROR: u32 = 1;
+pub const LOG_WARN: u32 = 2;
+pub const LOG_INFO: u32 = 3;
+pub const LOG_DEBUG: u32 = 4;
+
+/// `opts.final_state` values.
+pub const TASK_ALIVE: i32 = 1;
+pub const TASK_DEAD: i32 = 2;
+pub const TASK_STOPPED: i32 = 3;
+
+struct Symbols {
+    print_on_level: Option<PrintOnLevel>,
+    add_inventory_plugin: Option<AddInventoryPlugin>,
+    check_and_remove_inventory_plugin: Option<CheckAndRemoveInventoryPlugin>,
+    set_compel_interrupt_only_mode: Option<VoidFn>,
+    dont_use_freeze_cgroup: Option<VoidFn>,
+    criu_get_image_dir: Option<GetImageDir>,
+    /// `struct cr_options opts`; `final_state` is its first field in every CRIU release.
+    opts: Option<usize>,
+}
+
+fn lookup(name: &str) -> Option<*mut c_void> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: dlsym with RTLD_DEFAULT only searches the loaded objects; the name is valid.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+fn symbols() -> &'static Symbols {
+    static S: OnceLock<Symbols> = OnceLock::new();
+    S.get_or_init(|| {
+        // SAFETY (all transmutes below): each symbol, when present, is the CRIU function of
+        // that name, whose C prototype (criu/include/log.h, image.h, seize.h, criu-plugin.h)
+        // is the function type it is converted to.
+        unsafe {
+            Symbols {
+                print_on_level: lookup("print_on_level")
+                    .map(|p| std::mem::transmute::<*mut c_void, PrintOnLevel>(p)),
+                add_inventory_plugin: lookup("add_inventory_plugin")
+                    .map(|p| std::mem::transmute::<*mut c_void, AddInventoryPlugin>(p)),
+                check_and_remove_inventory_plugin: lookup("check_and_remove_inventory_plugin")
+                    .map(|p| std::mem::transmute::<*mut c_void, CheckAndRemoveInventoryPlugin>(p)),
+                set_compel_interrupt_only_mode: lookup("set_compel_interrupt_only_mode")
+                    .map(|p| std::mem::transmute::<*mut c_void, VoidFn>(p)),
+                dont_use_freeze_cgroup: lookup("dont_use_freeze_cgroup")
+                    .map(|p| std::mem::transmute::<*mut c_void, VoidFn>(p)),
+                criu_get_image_dir: lookup("criu_get_image_dir")
+                    .map(|p| std::mem::transmute::<*mut c_void, GetImageDir>(p)),
+                opts: lookup("opts").map(|p| p as usize),
+            }
+        }
+    })
+}
+
+/// Whether the plugin runs inside CRIU (as opposed to a test or a tool).
+pub fn inside_criu() -> bool {
+    symbols().print_on_level.is_some()
+}
+
+/// Writes one line to CRIU's log; `false` if there is no CRIU to write to.
+pub fn log(level: u32, line: &str) -> bool {
+    let Some(f) = symbols().print_on_level else {
+        return false;
+    };
+    let Ok(text) = CString::new(format!("{line}\n").replace('\0', " ")) else {
+        return false;
+    };
+    // SAFETY: a constant "%s" format with one NUL-terminated string argument.
+    unsafe { f(level, c"%s".as_ptr(), text.as_ptr()) };
+    true
+}
+
+/// Records in the image's inventory that restoring it needs this plugin (CRIU >= 4.1).
+pub fn add_inventory_plugin(name: &str) -> bool {
+    let (Some(f), Ok(c)) = (symbols().add_inventory_plugin, CString::new(name)) else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated name; CRIU copies it.
+    unsafe { f(c.as_ptr()) == 0 }
+}
+
+/// Claims `name` from the inventory of the image being restored. `None` when this CRIU has no
+/// inventory plugin list (< 4.1): then the image cannot say whether the plugin is needed.
+pub fn claim_inventory_plugin(name: &str) -> Option<bool> {
+    let f = symbols().check_and_remove_inventory_plugin?;
+    let c = CString::new(name).ok()?;
+    // SAFETY: NUL-terminated name and its length, as the function expects.
+    Some(unsafe { f(c.as_ptr(), name.len()) })
+}
+
+/// Makes CRIU seize tasks with ptrace only, thawing a frozen cgroup first, so GPU drivers can
+/// act on running tasks before they are stopped (CRIU >= 4.1; 4.0 calls it differently).
+pub fn use_interrupt_only_seizing() -> bool {
+    let s = symbols();
+    match s
+        .set_compel_interrupt_only_mode
+        .or(s.dont_use_freeze_cgroup)
+    {
+        Some(f) => {
+            // SAFETY: a void function without arguments.
+            unsafe { f() };
+            true
+        }
+        None => false,
+    }
+}
+
+/// CRIU's image directory fd (valid in CRIU's main process and in restored tasks).
+pub fn image_dir_fd() -> Option<c_int> {
+    let f = symbols().criu_get_image_dir?;
+    // SAFETY: returns CRIU's service fd for the image directory.
+    let fd = unsafe { f() };
+    (fd >= 0).then_some(fd)
+}
+
+/// How CRIU leaves the tasks after a dump: TASK_ALIVE (--leave-running), TASK_DEAD (default)
+/// or TASK_STOPPED (--leave-stopped).
+pub fn final_state() -> Option<i32> {
+    let addr = symbols().opts?;
+    // SAFETY: `opts` is CRIU's global struct cr_options, whose first field is `int final_state`
+    // in every release that has plugins (checked in criu/include/cr_options.h, 3.x to 4.2).
+    Some(unsafe { std::ptr::read_volatile(addr as *const c_int) })
+}

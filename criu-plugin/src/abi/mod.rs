@@ -1,0 +1,269 @@
+//! The C ABI edge: the `CR_PLUGIN_DESC` descriptor CRIU looks up, and one trampoline per hook
+//! that converts arguments, runs the hook on the plugin, and converts the answer. No panic
+//! crosses into CRIU: each trampoline catches it and answers with an error.
+
+pub mod criu;
+pub mod ptrace;
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use crate::core::{HookError, HookResult, Host, Plugin, Stage, ThreadControl, Verdict};
+
+/// CRIU's plugin ABI version (CRIU_PLUGIN_VERSION, unchanged since 2014).
+const PLUGIN_VERSION: c_uint = 0x200;
+/// Hooks 0..=11: every CRIU from 4.0 on accepts a plugin with this many (4.2 has 13).
+const MAX_HOOKS: usize = 12;
+const ENOTSUP: c_int = libc::EOPNOTSUPP;
+
+mod hook {
+    pub const DUMP_EXT_FILE: usize = 2;
+    pub const RESTORE_EXT_FILE: usize = 3;
+    pub const HANDLE_DEVICE_VMA: usize = 7;
+    pub const UPDATE_VMA_MAP: usize = 8;
+    pub const RESUME_DEVICES_LATE: usize = 9;
+    pub const PAUSE_DEVICES: usize = 10;
+    pub const CHECKPOINT_DEVICES: usize = 11;
+}
+
+/// `cr_plugin_desc_t`.
+#[repr(C)]
+pub struct PluginDesc {
+    name: *const c_char,
+    init: Option<extern "C" fn(c_int) -> c_int>,
+    exit: Option<extern "C" fn(c_int, c_int)>,
+    version: c_uint,
+    max_hooks: c_uint,
+    hooks: [*const c_void; MAX_HOOKS],
+}
+
+// SAFETY: the descriptor is immutable and its pointers point to 'static code and data.
+unsafe impl Sync for PluginDesc {}
+
+const fn hooks() -> [*const c_void; MAX_HOOKS] {
+    let mut h = [std::ptr::null::<c_void>(); MAX_HOOKS];
+    h[hook::DUMP_EXT_FILE] = dump_ext_file as *const c_void;
+    h[hook::RESTORE_EXT_FILE] = restore_ext_file as *const c_void;
+    h[hook::HANDLE_DEVICE_VMA] = handle_device_vma as *const c_void;
+    h[hook::UPDATE_VMA_MAP] = update_vma_map as *const c_void;
+    h[hook::RESUME_DEVICES_LATE] = resume_devices_late as *const c_void;
+    h[hook::PAUSE_DEVICES] = pause_devices as *const c_void;
+    h[hook::CHECKPOINT_DEVICES] = checkpoint_devices as *const c_void;
+    h
+}
+
+/// The symbol CRIU's loader looks for.
+#[no_mangle]
+pub static CR_PLUGIN_DESC: PluginDesc = PluginDesc {
+    name: c"criu_gpu".as_ptr(),
+    init: Some(init),
+    exit: Some(exit),
+    version: PLUGIN_VERSION,
+    max_hooks: MAX_HOOKS as c_uint,
+    hooks: hooks(),
+};
+
+static PLUGIN: Mutex<Option<Plugin>> = Mutex::new(None);
+
+/// CRIU as the backends see it.
+struct CriuHost {
+    required: Mutex<Vec<String>>,
+}
+
+impl Host for CriuHost {
+    fn final_state(&self) -> Option<i32> {
+        criu::final_state()
+    }
+    fn require_on_restore(&self, name: &str) -> bool {
+        let mut done = self.required.lock().unwrap_or_else(|e| e.into_inner());
+        if !done.iter().any(|n| n == name) && criu::add_inventory_plugin(name) {
+            done.push(name.to_owned());
+        }
+        done.iter().any(|n| n == name)
+    }
+    fn use_interrupt_only_seizing(&self) -> bool {
+        criu::use_interrupt_only_seizing()
+    }
+    fn image_dir(&self) -> Option<PathBuf> {
+        criu::image_dir_fd().map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")))
+    }
+    fn threads(&self) -> &dyn ThreadControl {
+        &ptrace::Ptrace
+    }
+}
+
+/// Runs `f` on the plugin, turning panics and errors into CRIU's conventions.
+fn with_plugin(hook: &str, f: impl FnOnce(&mut Plugin) -> HookResult<c_int>) -> c_int {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let mut guard = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.as_mut() {
+            Some(p) => f(p),
+            None => Ok(Verdict::NotMine),
+        }
+    }));
+    match result {
+        Ok(Ok(Verdict::Done(v))) => v,
+        Ok(Ok(Verdict::NotMine)) => -ENOTSUP,
+        Ok(Err(HookError(msg))) => {
+            tracing::error!("{hook}: {msg}");
+            -1
+        }
+        Err(_) => {
+            tracing::error!("{hook}: internal error (panic); treated as a failure");
+            -1
+        }
+    }
+}
+
+extern "C" fn init(stage: c_int) -> c_int {
+    crate::log::init();
+    let r = catch_unwind(|| {
+        let Some(stage) = Stage::from_raw(stage) else {
+            return Ok(());
+        };
+        let host = CriuHost {
+            required: Mutex::new(Vec::new()),
+        };
+        let mut plugin = Plugin::new(stage, Box::new(host), crate::vendor::all());
+        plugin.init(&criu::claim_inventory_plugin)?;
+        *PLUGIN.lock().unwrap_or_else(|e| e.into_inner()) = Some(plugin);
+        tracing::debug!(?stage, "initialised");
+        Ok::<(), HookError>(())
+    });
+    match r {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => {
+            tracing::error!("{e}");
+            -1
+        }
+        Err(_) => {
+            tracing::error!("internal error (panic) in init");
+            -1
+        }
+    }
+}
+
+extern "C" fn exit(_stage: c_int, ret: c_int) {
+    let _ = catch_unwind(|| {
+        let mut guard = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut p) = guard.take() {
+            p.exit(ret == 0);
+        }
+    });
+}
+
+extern "C" fn pause_devices(pid: c_int) -> c_int {
+    if pid <= 0 {
+        return -ENOTSUP;
+    }
+    with_plugin("PAUSE_DEVICES", |p| {
+        p.dispatch(|v, h| v.pause_devices(h, pid)).map(done0)
+    })
+}
+
+extern "C" fn checkpoint_devices(pid: c_int) -> c_int {
+    if pid <= 0 {
+        return -ENOTSUP;
+    }
+    with_plugin("CHECKPOINT_DEVICES", |p| {
+        p.dispatch(|v, h| v.checkpoint_devices(h, pid)).map(done0)
+    })
+}
+
+extern "C" fn resume_devices_late(pid: c_int) -> c_int {
+    if pid <= 0 {
+        return -ENOTSUP;
+    }
+    with_plugin("RESUME_DEVICES_LATE", |p| {
+        p.dispatch(|v, h| v.resume_devices_late(h, pid)).map(done0)
+    })
+}
+
+extern "C" fn handle_device_vma(fd: c_int, st: *const libc::stat) -> c_int {
+    // SAFETY: CRIU passes a valid struct stat of the mapping (or NULL, refused here).
+    let Some(rdev) = (unsafe { st.as_ref() }).map(|s| s.st_rdev) else {
+        return -ENOTSUP;
+    };
+    with_plugin("HANDLE_DEVICE_VMA", |p| {
+        p.dispatch(|v, h| v.handle_device_vma(h, fd, rdev))
+            .map(done0)
+    })
+}
+
+extern "C" fn dump_ext_file(fd: c_int, id: c_int) -> c_int {
+    with_plugin("DUMP_EXT_FILE", |p| {
+        p.dispatch(|v, h| v.dump_ext_file(h, fd, id as u32))
+            .map(done0)
+    })
+}
+
+extern "C" fn restore_ext_file(id: c_int) -> c_int {
+    with_plugin("RESTORE_EXT_FILE", |p| {
+        p.dispatch(|v, h| v.restore_ext_file(h, id as u32))
+    })
+}
+
+extern "C" fn update_vma_map(
+    path: *const c_char,
+    addr: u64,
+    old_pgoff: u64,
+    new_pgoff: *mut u64,
+    plugin_fd: *mut c_int,
+) -> c_int {
+    if path.is_null() || new_pgoff.is_null() || plugin_fd.is_null() {
+        return -ENOTSUP;
+    }
+    // SAFETY: CRIU passes the VMA's NUL-terminated path.
+    let path = unsafe { CStr::from_ptr(path) }
+        .to_string_lossy()
+        .into_owned();
+    with_plugin("UPDATE_VMA_MAP", |p| {
+        match p.dispatch(|v, h| v.update_vma_map(h, &path, addr, old_pgoff))? {
+            Verdict::Done((pgoff, fd)) => {
+                // SAFETY: both out-parameters were checked non-null above and point into CRIU.
+                unsafe {
+                    *new_pgoff = pgoff;
+                    *plugin_fd = fd;
+                }
+                Ok(Verdict::Done(1))
+            }
+            Verdict::NotMine => Ok(Verdict::NotMine),
+        }
+    })
+}
+
+fn done0(v: Verdict) -> Verdict<c_int> {
+    match v {
+        Verdict::Done(()) => Verdict::Done(0),
+        Verdict::NotMine => Verdict::NotMine,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::NAME;
+
+    #[test]
+    fn descriptor_has_criu_layout() {
+        // cr_plugin_desc_t on LP64: name, init, exit (8 bytes each), version, max_hooks (4 each),
+        // then the hook array.
+        assert_eq!(std::mem::offset_of!(PluginDesc, version), 24);
+        assert_eq!(std::mem::offset_of!(PluginDesc, max_hooks), 28);
+        assert_eq!(std::mem::offset_of!(PluginDesc, hooks), 32);
+        assert_eq!(std::mem::size_of::<PluginDesc>(), 32 + 8 * MAX_HOOKS);
+        // SAFETY: the name is a static C string.
+        let name = unsafe { CStr::from_ptr(CR_PLUGIN_DESC.name) };
+        assert_eq!(name.to_str().unwrap(), NAME);
+        assert!(!CR_PLUGIN_DESC.hooks[hook::PAUSE_DEVICES].is_null());
+    }
+
+    #[test]
+    fn hooks_answer_not_mine_before_init_and_for_bad_pids() {
+        assert_eq!(pause_devices(0), -ENOTSUP);
+        assert_eq!(checkpoint_devices(-1), -ENOTSUP);
+        assert_eq!(resume_devices_late(12345), -ENOTSUP);
+    }
+}

@@ -1,0 +1,123 @@
+//! The plugin's settings. CRIU passes no options to plugins, so they come from the environment
+//! of the `criu` process or, for container runtimes that do not pass it on, from a file.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `CRIU_GPU_LOCK_TIMEOUT_MS` | how long a lock waits for submitted GPU work | 5000 |
+//! | `CRIU_GPU_DEVICE_MAP` | restore onto other GPUs: `OLD=NEW,...` or `auto` | none |
+//! | `CRIU_GPU_CONFIG` | the file read for unset variables | /etc/criu/gpu-plugin.conf |
+//!
+//! The file holds `KEY=VALUE` lines with the same keys; `#` starts a comment.
+
+use std::time::Duration;
+
+use cuda_checkpoint_ctl::driver::DeviceMap;
+
+use super::HookError;
+
+pub const CONFIG_FILE: &str = "/etc/criu/gpu-plugin.conf";
+
+/// How restore chooses GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum GpuPlacement {
+    /// The GPUs of the checkpoint, by UUID.
+    #[default]
+    Same,
+    /// Same UUID where present, else a free GPU of the same model with room.
+    Auto,
+    /// The operator's map.
+    Map(DeviceMap),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub lock_timeout: Duration,
+    pub placement: GpuPlacement,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            // Below CRIU's default --timeout (10 s), which bounds the whole seizing phase.
+            lock_timeout: Duration::from_secs(5),
+            placement: GpuPlacement::Same,
+        }
+    }
+}
+
+impl Config {
+    /// Reads the environment, then the file for what the environment leaves unset.
+    pub fn load() -> Result<Config, HookError> {
+        let path = std::env::var("CRIU_GPU_CONFIG").unwrap_or_else(|_| CONFIG_FILE.into());
+        let file = std::fs::read_to_string(&path).unwrap_or_default();
+        Config::from_sources(|k| std::env::var(k).ok(), &file)
+            .map_err(|e| HookError(format!("{e} (from the environment or {path})")))
+    }
+
+    pub fn from_sources(
+        env: impl Fn(&str) -> Option<String>,
+        file: &str,
+    ) -> Result<Config, String> {
+        let from_file = |key: &str| {
+            file.lines()
+                .map(|l| l.split('#').next().unwrap_or("").trim())
+                .filter_map(|l| l.split_once('='))
+                .find(|(k, _)| k.trim() == key)
+                .map(|(_, v)| v.trim().to_owned())
+        };
+        let get = |key: &str| {
+            env(key)
+                .filter(|v| !v.is_empty())
+                .or_else(|| from_file(key))
+        };
+        let mut c = Config::default();
+        if let Some(v) = get("CRIU_GPU_LOCK_TIMEOUT_MS") {
+            let ms: u64 = v.parse().map_err(|_| {
+                format!("CRIU_GPU_LOCK_TIMEOUT_MS={v:?} is not a number of milliseconds")
+            })?;
+            c.lock_timeout = Duration::from_millis(ms.max(1));
+        }
+        if let Some(v) = get("CRIU_GPU_DEVICE_MAP") {
+            c.placement = match v.as_str() {
+                "auto" => GpuPlacement::Auto,
+                "same" | "" => GpuPlacement::Same,
+                map => GpuPlacement::Map(
+                    map.parse()
+                        .map_err(|e| format!("CRIU_GPU_DEVICE_MAP: {e}"))?,
+                ),
+            };
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_wins_over_the_file() {
+        let file = "# comment\nCRIU_GPU_LOCK_TIMEOUT_MS = 7000\nCRIU_GPU_DEVICE_MAP=auto\n";
+        let c = Config::from_sources(|_| None, file).unwrap();
+        assert_eq!(c.lock_timeout, Duration::from_secs(7));
+        assert_eq!(c.placement, GpuPlacement::Auto);
+        let c = Config::from_sources(
+            |k| (k == "CRIU_GPU_LOCK_TIMEOUT_MS").then(|| "250".to_owned()),
+            file,
+        )
+        .unwrap();
+        assert_eq!(c.lock_timeout, Duration::from_millis(250));
+        assert_eq!(
+            Config::from_sources(|_| None, "").unwrap(),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_key() {
+        let e = Config::from_sources(|_| None, "CRIU_GPU_LOCK_TIMEOUT_MS=soon").unwrap_err();
+        assert!(e.contains("CRIU_GPU_LOCK_TIMEOUT_MS"), "{e}");
+        let e = Config::from_sources(|_| None, "CRIU_GPU_DEVICE_MAP=GPU-1=GPU-2").unwrap_err();
+        assert!(e.contains("CRIU_GPU_DEVICE_MAP"), "{e}");
+    }
+}

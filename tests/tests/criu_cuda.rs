@@ -1,0 +1,440 @@
+//! The CRIU plugin with the real CRIU and the simulated CUDA driver: dumps and restores of GPU
+//! process trees, and every failure on the way leaving the application alive with its data.
+
+use std::os::unix::net::UnixListener;
+use std::time::Duration;
+
+use gpu_ckpt_tests::criu::{self, assert_ok, plugin_lines, Criu};
+use gpu_ckpt_tests::*;
+use nix::sys::signal::Signal;
+
+/// Dumps `app` (killing it), waits for its pids to be free, restores it.
+fn dump_kill_restore(sim: &mut Sim, c: &Criu, app: &App, images: &std::path::Path) {
+    let tree = cuda_checkpoint_ctl::process::tree(app.pid);
+    let out = c.dump(sim, app.pid, images, &[], &[]);
+    assert_ok(&out, images, "dump.log");
+    for pid in &tree {
+        wait_gone(*pid);
+    }
+    let out = c.restore(sim, images, &[], &[]);
+    assert_ok(&out, images, "restore.log");
+    sim.adopt(app.pid);
+}
+
+#[test]
+fn without_the_plugin_criu_cannot_dump_a_gpu_process() {
+    let mut sim = Sim::start();
+    let app = sim.app("app", &[]);
+    let images = sim.dir.join("img");
+    let empty = sim.dir.join("no-plugins");
+    std::fs::create_dir_all(&images).unwrap();
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = std::process::Command::new(criu::criu_binary())
+        .args([
+            "dump",
+            "-t",
+            &app.pid.to_string(),
+            "-D",
+            images.to_str().unwrap(),
+        ])
+        .args(["-v4", "-o", "dump.log", "--lib", empty.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        criu::log(&images, "dump.log").contains("External socket is used"),
+        "the simulated device holds the memory outside the process, out of CRIU's reach"
+    );
+    assert!(
+        app.advances(2),
+        "a failed dump leaves the application running"
+    );
+}
+
+#[test]
+fn one_process_is_dumped_and_restored_with_its_device_memory() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "32"]);
+    let images = sim.dir.join("img");
+    let before = app.steps();
+    dump_kill_restore(&mut sim, &c, &app, &images);
+    assert!(images.join("gpu-cuda.json").exists());
+    let dump_log = plugin_lines(&images, "dump.log").join("\n");
+    assert!(
+        dump_log.contains("checkpointed 1 CUDA process(es)"),
+        "{dump_log}"
+    );
+    assert!(app.advances(5), "restored app runs: {}", app.tail());
+    app.assert_healthy();
+    assert!(app.steps() > before);
+    assert_eq!(sim.state(app.pid), "running");
+    assert_eq!(
+        sim.gpus()[0].1,
+        32 << 20,
+        "device memory is back on the GPU"
+    );
+    // Logged at CRIU's verbosity with the plugin's prefix.
+    let restore_log = plugin_lines(&images, "restore.log").join("\n");
+    assert!(
+        restore_log.contains("restored CUDA state of 1 of 1"),
+        "{restore_log}"
+    );
+}
+
+#[test]
+fn a_tree_of_gpu_and_plain_processes_is_checkpointed_and_restored_together() {
+    let mut sim = Sim::with(SimSpec {
+        gpus: 2,
+        ..SimSpec::default()
+    });
+    let c = Criu::new(&sim);
+    let root = sim.app(
+        "tree",
+        &["--children", "2", "--plain-children", "2", "--mib", "8"],
+    );
+    let logs: Vec<App> = ["gpu0", "gpu1", "plain0", "plain1"]
+        .iter()
+        .map(|s| App {
+            pid: 0,
+            log: root.log.with_extension(format!("log.{s}")),
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(20), || logs
+        .iter()
+        .all(|a| a.lines().len() > 1)));
+    let images = sim.dir.join("img");
+    dump_kill_restore(&mut sim, &c, &root, &images);
+    let dump_log = plugin_lines(&images, "dump.log").join("\n");
+    assert!(
+        dump_log.contains("checkpointed 3 CUDA process(es)"),
+        "{dump_log}"
+    );
+    let restore_log = plugin_lines(&images, "restore.log").join("\n");
+    assert!(
+        restore_log.contains("restored CUDA state of 3 of 3"),
+        "{restore_log}"
+    );
+    assert!(root.advances(3));
+    root.assert_healthy();
+    for l in &logs {
+        let n = l.lines().len();
+        assert!(
+            wait_until(Duration::from_secs(10), || l.lines().len() > n + 2),
+            "{}",
+            l.log.display()
+        );
+        l.assert_healthy();
+    }
+}
+
+#[test]
+fn leave_running_keeps_the_process_going_and_the_image_restores_later() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "16"]);
+    let images = sim.dir.join("img");
+    let out = c.dump(&sim, app.pid, &images, &["--leave-running"], &[]);
+    assert_ok(&out, &images, "dump.log");
+    assert_eq!(sim.state(app.pid), "running", "GPU state put back");
+    assert_eq!(sim.gpus()[0].1, 16 << 20);
+    assert!(app.advances(3));
+    // Later: the process is lost, and comes back from the image.
+    signal(app.pid, Signal::SIGKILL);
+    wait_gone(app.pid);
+    let out = c.restore(&sim, &images, &[], &[]);
+    assert_ok(&out, &images, "restore.log");
+    sim.adopt(app.pid);
+    assert!(app.advances(3), "{}", app.tail());
+    app.assert_healthy();
+}
+
+#[test]
+fn restore_on_another_machine_needs_a_map_and_then_works() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "16"]);
+    let images = sim.dir.join("img");
+    let out = c.dump(&sim, app.pid, &images, &[], &[]);
+    assert_ok(&out, &images, "dump.log");
+    wait_gone(app.pid);
+    // Another machine: GPUs with other UUIDs.
+    sim.swap_gpus(SimSpec {
+        gpus: 2,
+        seed: "machine-b",
+        ..SimSpec::default()
+    });
+    let out = c.restore(&sim, &images, &[], &[]);
+    assert!(
+        !out.status.success(),
+        "restore must refuse GPUs that are not here"
+    );
+    let log = criu::log(&images, "restore.log");
+    assert!(
+        log.contains("is not on this machine") && log.contains("CRIU_GPU_DEVICE_MAP"),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", app.pid)).exists(),
+        "nothing was started"
+    );
+    // The operator asks for the mapping.
+    let out = c.restore(&sim, &images, &[], &[("CRIU_GPU_DEVICE_MAP", "auto")]);
+    assert_ok(&out, &images, "restore.log");
+    sim.adopt(app.pid);
+    assert!(app.advances(3), "{}", app.tail());
+    app.assert_healthy();
+    let used: Vec<u64> = sim.gpus().iter().map(|g| g.1).collect();
+    assert_eq!(used.iter().sum::<u64>(), 16 << 20);
+}
+
+#[test]
+fn a_lock_timeout_fails_the_dump_and_the_process_keeps_running() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("busy", &["--busy-ms", "2000", "--interval-ms", "0"]);
+    let images = sim.dir.join("img");
+    let out = c.dump(
+        &sim,
+        app.pid,
+        &images,
+        &[],
+        &[("CRIU_GPU_LOCK_TIMEOUT_MS", "300")],
+    );
+    assert!(!out.status.success());
+    let log = plugin_lines(&images, "dump.log").join("\n");
+    assert!(log.contains("timed out after 300 ms"), "{log}");
+    assert_eq!(sim.state(app.pid), "running");
+    assert!(app.advances(2));
+    app.assert_healthy();
+}
+
+#[test]
+fn a_checkpoint_error_fails_the_dump_and_the_process_keeps_its_data() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let root = sim.app("app", &["--children", "1", "--mib", "8"]);
+    let kid = App {
+        pid: 0,
+        log: root.log.with_extension("log.gpu0"),
+    };
+    assert!(wait_until(Duration::from_secs(20), || kid.steps() > 0));
+    let images = sim.dir.join("img");
+    let out = c.dump(
+        &sim,
+        root.pid,
+        &images,
+        &[],
+        &[("CUDA_SIM_FAULT", "checkpoint=OUT_OF_MEMORY")],
+    );
+    assert!(!out.status.success());
+    let log = plugin_lines(&images, "dump.log").join("\n");
+    assert!(log.contains("checkpoint of CUDA state failed"), "{log}");
+    assert_eq!(sim.state(root.pid), "running");
+    assert!(root.advances(3) && kid.advances(3));
+    root.assert_healthy();
+    kid.assert_healthy();
+}
+
+#[test]
+fn criu_failing_after_the_checkpoint_puts_the_gpu_state_back() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    // A socket CRIU cannot dump: the dump fails when it reaches the files, after the GPU
+    // checkpoint.
+    let outside = sim.dir.join("outside.sock");
+    let listener = UnixListener::bind(&outside).unwrap();
+    let app = sim.app(
+        "app",
+        &[
+            "--mib",
+            "16",
+            "--hold-unix-socket",
+            outside.to_str().unwrap(),
+        ],
+    );
+    let _conn = listener.accept().unwrap();
+    let images = sim.dir.join("img");
+    let out = c.dump(&sim, app.pid, &images, &[], &[]);
+    assert!(!out.status.success());
+    let log = criu::log(&images, "dump.log");
+    assert!(
+        log.contains("checkpointed 1 CUDA process"),
+        "the GPU part had succeeded"
+    );
+    assert!(
+        log.contains("returned to its state before the dump"),
+        "{}",
+        criu::tail(&log, 30)
+    );
+    assert_eq!(sim.state(app.pid), "running");
+    assert_eq!(sim.gpus()[0].1, 16 << 20);
+    assert!(app.advances(3));
+    app.assert_healthy();
+}
+
+#[test]
+fn a_failed_gpu_restore_fails_criu_and_the_images_restore_on_retry() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "16"]);
+    let images = sim.dir.join("img");
+    let out = c.dump(&sim, app.pid, &images, &[], &[]);
+    assert_ok(&out, &images, "dump.log");
+    wait_gone(app.pid);
+    let out = c.restore(
+        &sim,
+        &images,
+        &[],
+        &[("CUDA_SIM_FAULT", "restore=OUT_OF_MEMORY")],
+    );
+    assert!(
+        !out.status.success(),
+        "CRIU must report the failed GPU restore"
+    );
+    let log = criu::log(&images, "restore.log");
+    assert!(
+        log.contains("restoring CUDA state of process")
+            && log.contains("killing the restored process tree"),
+        "{}",
+        criu::tail(&log, 30)
+    );
+    wait_gone(app.pid);
+    let out = c.restore(&sim, &images, &[], &[]);
+    assert_ok(&out, &images, "restore.log");
+    sim.adopt(app.pid);
+    assert!(app.advances(3), "{}", app.tail());
+    app.assert_healthy();
+}
+
+#[test]
+fn not_enough_gpu_memory_is_refused_before_restoring_and_a_retry_works() {
+    let mut sim = Sim::with(SimSpec {
+        memory: "64MiB",
+        ..SimSpec::default()
+    });
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "40"]);
+    let images = sim.dir.join("img");
+    assert_ok(
+        &c.dump(&sim, app.pid, &images, &[], &[]),
+        &images,
+        "dump.log",
+    );
+    wait_gone(app.pid);
+    let hog = sim.app("hog", &["--mib", "40"]);
+    let out = c.restore(&sim, &images, &[], &[]);
+    assert!(!out.status.success());
+    let log = criu::log(&images, "restore.log");
+    assert!(
+        log.contains("free but the restored processes need"),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    signal(hog.pid, Signal::SIGKILL);
+    assert!(wait_until(Duration::from_secs(5), || sim.gpus()[0].1 == 0));
+    assert_ok(&c.restore(&sim, &images, &[], &[]), &images, "restore.log");
+    sim.adopt(app.pid);
+    assert!(app.advances(3));
+    app.assert_healthy();
+}
+
+#[test]
+fn a_missing_or_corrupt_plugin_image_is_refused_and_the_fixed_image_restores() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "8"]);
+    let images = sim.dir.join("img");
+    assert_ok(
+        &c.dump(&sim, app.pid, &images, &[], &[]),
+        &images,
+        "dump.log",
+    );
+    wait_gone(app.pid);
+    let record = images.join("gpu-cuda.json");
+    let good = std::fs::read(&record).unwrap();
+
+    std::fs::remove_file(&record).unwrap();
+    let out = c.restore(&sim, &images, &[], &[]);
+    assert!(!out.status.success());
+    assert!(criu::log(&images, "restore.log").contains("gpu-cuda.json is missing"));
+
+    let mut bad = good.clone();
+    let n = bad.len();
+    bad.truncate(n / 2);
+    std::fs::write(&record, &bad).unwrap();
+    let out = c.restore(&sim, &images, &[], &[]);
+    assert!(!out.status.success());
+    assert!(criu::log(&images, "restore.log").contains("is unusable"));
+    assert!(!std::path::Path::new(&format!("/proc/{}", app.pid)).exists());
+
+    std::fs::write(&record, &good).unwrap();
+    assert_ok(&c.restore(&sim, &images, &[], &[]), &images, "restore.log");
+    sim.adopt(app.pid);
+    assert!(app.advances(3));
+    app.assert_healthy();
+}
+
+#[test]
+fn pre_dump_is_refused_clearly_and_nothing_is_locked() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &[]);
+    let images = sim.dir.join("pre");
+    let out = c.pre_dump(&sim, app.pid, &images);
+    assert!(!out.status.success());
+    let log = criu::log(&images, "pre-dump.log");
+    assert!(
+        log.contains("pre-dump is not supported for CUDA process"),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    assert_eq!(sim.state(app.pid), "running");
+    assert!(app.advances(2));
+}
+
+#[test]
+fn a_stopped_gpu_process_is_refused_without_hanging() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &[]);
+    signal(app.pid, Signal::SIGSTOP);
+    let images = sim.dir.join("img");
+    let out = c.dump(&sim, app.pid, &images, &[], &[]);
+    assert!(!out.status.success());
+    assert!(criu::log(&images, "dump.log").contains(&format!("kill -CONT {}", app.pid)));
+    signal(app.pid, Signal::SIGCONT);
+    assert_eq!(sim.state(app.pid), "running");
+    assert!(app.advances(2));
+}
+
+#[test]
+fn processes_without_cuda_dump_and_restore_as_if_the_plugin_were_absent() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    // A tree without CUDA, dumped with the plugin loaded on a machine without NVIDIA's driver.
+    let root = sim.app("plain", &["--plain", "--plain-children", "1"]);
+    let images = sim.dir.join("img");
+    let env = [("CUDA_CKPT_LIBCUDA", "/nonexistent/libcuda.so.1")];
+    let tree = cuda_checkpoint_ctl::process::tree(root.pid);
+    assert_eq!(tree.len(), 2);
+    let out = c.dump(&sim, root.pid, &images, &[], &env);
+    assert_ok(&out, &images, "dump.log");
+    assert!(!images.join("gpu-cuda.json").exists());
+    tree.iter().for_each(|p| wait_gone(*p));
+    let out = c.restore(&sim, &images, &[], &env);
+    assert_ok(&out, &images, "restore.log");
+    sim.adopt(root.pid);
+    let n = root.lines().len();
+    assert!(wait_until(Duration::from_secs(5), || root.lines().len() > n + 2));
+    for log in ["dump.log", "restore.log"] {
+        let lines = plugin_lines(&images, log);
+        assert!(
+            lines
+                .iter()
+                .all(|l| !l.contains("Error") && !l.contains("Warn")),
+            "{lines:?}"
+        );
+    }
+}
