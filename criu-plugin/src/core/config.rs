@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `CRIU_GPU_LOCK_TIMEOUT_MS` | how long a lock waits for submitted GPU work | 5000 |
 //! | `CRIU_GPU_DEVICE_MAP` | restore onto other GPUs: `OLD=NEW,...` or `auto` | none |
+//! | `CRIU_GPU_PARALLEL` | `0`: checkpoint and restore one process at a time | 1 |
 //! | `CRIU_GPU_CONFIG` | the file read for unset variables | /etc/criu/gpu-plugin.conf |
 //!
 //! The file holds `KEY=VALUE` lines with the same keys; `#` starts a comment.
@@ -33,6 +34,9 @@ pub enum GpuPlacement {
 pub struct Config {
     pub lock_timeout: Duration,
     pub placement: GpuPlacement,
+    /// Drive all processes of a tree at once (the default), or one after another: a fallback
+    /// for drivers that misbehave with concurrent calls, and the baseline of the benchmark.
+    pub parallel: bool,
 }
 
 impl Default for Config {
@@ -41,6 +45,7 @@ impl Default for Config {
             // Below CRIU's default --timeout (10 s), which bounds the whole seizing phase.
             lock_timeout: Duration::from_secs(5),
             placement: GpuPlacement::Same,
+            parallel: true,
         }
     }
 }
@@ -76,6 +81,13 @@ impl Config {
                 format!("CRIU_GPU_LOCK_TIMEOUT_MS={v:?} is not a number of milliseconds")
             })?;
             c.lock_timeout = Duration::from_millis(ms.max(1));
+        }
+        if let Some(v) = get("CRIU_GPU_PARALLEL") {
+            c.parallel = match v.as_str() {
+                "1" | "yes" | "true" => true,
+                "0" | "no" | "false" => false,
+                other => return Err(format!("CRIU_GPU_PARALLEL={other:?}: use 1 or 0")),
+            };
         }
         if let Some(v) = get("CRIU_GPU_DEVICE_MAP") {
             c.placement = match v.as_str() {

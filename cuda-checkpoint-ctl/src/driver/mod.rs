@@ -177,6 +177,19 @@ pub struct DriverInfo {
     pub simulated: Option<String>,
 }
 
+impl fmt::Display for DriverInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let version = self
+            .cuda_version
+            .map_or_else(|| "?".into(), format_cuda_version);
+        write!(f, "{} (CUDA {version})", self.library)?;
+        if let Some(sim) = &self.simulated {
+            write!(f, ", SIMULATED: {sim}")?;
+        }
+        Ok(())
+    }
+}
+
 /// The loaded driver. Cheap to share between threads: calls on different processes run in
 /// parallel inside the driver.
 pub struct Driver {
@@ -210,8 +223,7 @@ impl Driver {
             cuda_version: raw.version(),
             simulated: raw.simulation(),
         };
-        tracing::debug!(library = %info.library, version = ?info.cuda_version,
-                        simulated = ?info.simulated, "CUDA driver loaded");
+        tracing::trace!("CUDA driver loaded: {}", info);
         Ok(Driver { raw, info })
     }
 

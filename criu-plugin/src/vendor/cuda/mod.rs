@@ -246,7 +246,7 @@ impl Cuda {
             .map(|t| (t.pid, t.restore_tid))
             .collect();
         let start = Instant::now();
-        let results = with_threads_running(host, &todo, |pid| sys.checkpoint(pid))?;
+        let results = with_threads_running(host, self.config.parallel, &todo, |pid| sys.checkpoint(pid))?;
         let mut failures = Vec::new();
         for (pid, r) in results {
             let t = self
@@ -324,7 +324,7 @@ impl Cuda {
             Ok(())
         };
         let start = Instant::now();
-        match with_threads_running(host, &todo, undo) {
+        match with_threads_running(host, self.config.parallel, &todo, undo) {
             Ok(results) => {
                 for (pid, r) in results {
                     match r {
@@ -494,7 +494,7 @@ impl Cuda {
             Ok(())
         };
         let start = Instant::now();
-        match with_threads_running(host, &threads, one) {
+        match with_threads_running(host, self.config.parallel, &threads, one) {
             Ok(done) => {
                 for (pid, r) in done {
                     let p = records[&pid];
@@ -546,6 +546,7 @@ type PerProcess<E> = Vec<(i32, Result<(), E>)>;
 /// threads again. Ptrace stays on the calling thread.
 fn with_threads_running<E: Send>(
     host: &dyn Host,
+    parallel: bool,
     procs: &[(i32, i32)],
     f: impl Fn(i32) -> Result<(), E> + Sync,
 ) -> Result<PerProcess<E>, HookError> {
@@ -565,14 +566,18 @@ fn with_threads_running<E: Send>(
         }
     }
     let pids: Vec<i32> = procs.iter().map(|p| p.0).collect();
-    let results = in_parallel(&pids, |pid| {
-        let _ = nix::sys::signal::pthread_sigmask(
-            nix::sys::signal::SigmaskHow::SIG_BLOCK,
-            Some(&nix::sys::signal::SigSet::all()),
-            None,
-        );
-        f(pid)
-    });
+    let results = if parallel {
+        in_parallel(&pids, |pid| {
+            let _ = nix::sys::signal::pthread_sigmask(
+                nix::sys::signal::SigmaskHow::SIG_BLOCK,
+                Some(&nix::sys::signal::SigSet::all()),
+                None,
+            );
+            f(pid)
+        })
+    } else {
+        pids.iter().map(|&pid| f(pid)).collect()
+    };
     let mut stop_errors = Vec::new();
     for r in released {
         if let Err(e) = threads.recapture(r) {
@@ -606,8 +611,7 @@ impl Vendor for Cuda {
         }
         match (self.load)() {
             Ok(sys) => {
-                let info = sys.driver_info();
-                tracing::info!(library = %info.library, cuda = ?info.cuda_version, simulated = ?info.simulated, "CUDA driver found");
+                tracing::info!("CUDA driver: {}", sys.driver_info());
                 if stage == Stage::Dump && !host.use_interrupt_only_seizing() {
                     tracing::warn!("this CRIU cannot seize without the freezer; frozen CUDA processes cannot be locked");
                 }

@@ -1,0 +1,62 @@
+#!/bin/bash
+# Set-up, step one: installs what the project needs, builds it, installs it, and runs the demo
+# (a GPU process checkpointed and restored through CRIU with the plugin).
+#
+#   sudo scripts/install.sh [--no-demo]
+#
+# Installs:
+#   CRIU >= 4.2                       scripts/install-criu.sh, where the system's is older
+#   /usr/local/bin/cuda-checkpoint-ctl
+#   <CRIU plugin dir>/criu_gpu_plugin.so   (/usr/lib/criu, where criu looks by default)
+#   /etc/criu/gpu-plugin.conf          (the plugin's settings, all commented out)
+#   /usr/local/lib/criu-gpu/sim/       the simulated driver (libcuda.so.1, libnvidia-ml.so.1),
+#   /usr/local/bin/cuda-sim-gpud, cuda-sim-app   used only when selected explicitly
+# Environment: PREFIX (/usr/local), CRIU_PLUGIN_DIR (/usr/lib/criu).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+PREFIX=${PREFIX:-/usr/local}
+CRIU_PLUGIN_DIR=${CRIU_PLUGIN_DIR:-/usr/lib/criu}
+demo=1
+[ "${1:-}" = --no-demo ] && demo=0
+say() { printf '\n== %s\n' "$*"; }
+
+[ "$(id -u)" = 0 ] || { echo "install.sh: run as root (it installs into $PREFIX and $CRIU_PLUGIN_DIR)" >&2; exit 1; }
+command -v cargo >/dev/null || {
+	echo "install.sh: cargo not found; install Rust first (https://rustup.rs), then run this again" >&2
+	exit 1
+}
+
+say "CRIU"
+bash "$root/scripts/install-criu.sh"
+export PATH="$PREFIX/sbin:$PATH"
+
+say "building (release)"
+cd "$root"
+cargo build --release --locked --workspace
+
+say "installing"
+install -d "$PREFIX/bin" "$CRIU_PLUGIN_DIR" "$PREFIX/lib/criu-gpu/sim" /etc/criu
+install -m 0755 target/release/cuda-checkpoint-ctl "$PREFIX/bin/"
+# A temporary name and a rename: a running criu keeps its mapping of the old file intact.
+install -m 0755 target/release/libcriu_gpu_plugin.so "$CRIU_PLUGIN_DIR/.criu_gpu_plugin.so.new"
+mv -f "$CRIU_PLUGIN_DIR/.criu_gpu_plugin.so.new" "$CRIU_PLUGIN_DIR/criu_gpu_plugin.so"
+for f in libcuda.so.1 libnvidia-ml.so.1; do
+	install -m 0755 target/release/libcuda.so "$PREFIX/lib/criu-gpu/sim/.$f.new"
+	mv -f "$PREFIX/lib/criu-gpu/sim/.$f.new" "$PREFIX/lib/criu-gpu/sim/$f"
+done
+install -m 0755 target/release/cuda-sim-gpud target/release/cuda-sim-app "$PREFIX/bin/"
+[ -e /etc/criu/gpu-plugin.conf ] || install -m 0644 "$root/container-hooks/gpu-plugin.conf" /etc/criu/gpu-plugin.conf
+for other in cuda_plugin.so amdgpu_plugin.so; do
+	if [ -e "$CRIU_PLUGIN_DIR/$other" ]; then
+		echo "note: $CRIU_PLUGIN_DIR/$other is installed too; CRIU offers each GPU process to the" \
+			"plugins in directory order, so remove it to be sure criu_gpu handles them" >&2
+	fi
+done
+echo "cuda-checkpoint-ctl: $PREFIX/bin/cuda-checkpoint-ctl"
+echo "CRIU plugin:        $CRIU_PLUGIN_DIR/criu_gpu_plugin.so"
+echo "simulated driver:   $PREFIX/lib/criu-gpu/sim"
+
+if [ $demo = 1 ]; then
+	say "demo"
+	bash "$root/scripts/demo.sh"
+fi
