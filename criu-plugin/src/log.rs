@@ -41,6 +41,9 @@ impl<S: Subscriber> Layer<S> for CriuLog {
         let mut line = Line::default();
         event.record(&mut line);
         let level = *event.metadata().level();
+        if level == Level::TRACE {
+            return;
+        }
         let (criu_level, tag) = match level {
             Level::ERROR => (criu::LOG_ERROR, "Error: "),
             Level::WARN => (criu::LOG_WARN, "Warn: "),

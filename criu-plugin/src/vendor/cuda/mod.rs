@@ -246,7 +246,8 @@ impl Cuda {
             .map(|t| (t.pid, t.restore_tid))
             .collect();
         let start = Instant::now();
-        let results = with_threads_running(host, self.config.parallel, &todo, |pid| sys.checkpoint(pid))?;
+        let results =
+            with_threads_running(host, self.config.parallel, &todo, |pid| sys.checkpoint(pid))?;
         let mut failures = Vec::new();
         for (pid, r) in results {
             let t = self
