@@ -4,7 +4,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::{artifact, stderr, Sim};
+use crate::{artifact, stderr, Machine};
 
 /// The installed CRIU, which must be 4.2 or later (scripts/install-criu.sh installs it).
 pub fn criu_binary() -> PathBuf {
@@ -38,8 +38,8 @@ pub struct Criu {
 
 impl Criu {
     /// A plugin directory holding only this project's plugin.
-    pub fn new(sim: &Sim) -> Criu {
-        let plugins = sim.dir.join("criu-plugins");
+    pub fn new(m: &impl Machine) -> Criu {
+        let plugins = m.scratch().join("criu-plugins");
         fs::create_dir_all(&plugins).unwrap();
         fs::copy(
             artifact("libcriu_gpu_plugin.so"),
@@ -52,7 +52,7 @@ impl Criu {
         }
     }
 
-    fn run(&self, sim: &Sim, args: &[&str], env: &[(&str, &str)]) -> Output {
+    fn run(&self, sim: &impl Machine, args: &[&str], env: &[(&str, &str)]) -> Output {
         Command::new(&self.bin)
             .args(args)
             .args(["--lib", self.plugins.to_str().unwrap()])
@@ -66,7 +66,7 @@ impl Criu {
     /// `criu dump -t PID -D DIR -v4 -o dump.log [args]`.
     pub fn dump(
         &self,
-        sim: &Sim,
+        sim: &impl Machine,
         pid: i32,
         dir: &Path,
         args: &[&str],
@@ -89,7 +89,7 @@ impl Criu {
     }
 
     /// `criu pre-dump ...`.
-    pub fn pre_dump(&self, sim: &Sim, pid: i32, dir: &Path) -> Output {
+    pub fn pre_dump(&self, sim: &impl Machine, pid: i32, dir: &Path) -> Output {
         fs::create_dir_all(dir).unwrap();
         let pid = pid.to_string();
         self.run(
@@ -109,7 +109,13 @@ impl Criu {
     }
 
     /// `criu restore -D DIR -d -v4 -o restore.log [args]`.
-    pub fn restore(&self, sim: &Sim, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    pub fn restore(
+        &self,
+        sim: &impl Machine,
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Output {
         let mut a = vec![
             "restore",
             "-D",

@@ -9,7 +9,25 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod amd;
 pub mod criu;
+
+/// A simulated machine the tests run processes and CRIU on.
+pub trait Machine {
+    /// The environment its processes and CRIU need.
+    fn env(&self) -> Vec<(String, String)>;
+    /// Its scratch directory.
+    fn scratch(&self) -> &Path;
+}
+
+impl Machine for Sim {
+    fn env(&self) -> Vec<(String, String)> {
+        Sim::env(self)
+    }
+    fn scratch(&self) -> &Path {
+        &self.dir
+    }
+}
 
 /// The directory holding the workspace's build products (target/debug or target/release).
 pub fn build_dir() -> PathBuf {

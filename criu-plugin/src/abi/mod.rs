@@ -6,6 +6,7 @@ pub mod criu;
 pub mod ptrace;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::os::fd::BorrowedFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -181,18 +182,23 @@ extern "C" fn resume_devices_late(pid: c_int) -> c_int {
     })
 }
 
-extern "C" fn handle_device_vma(fd: c_int, st: *const libc::stat) -> c_int {
-    // SAFETY: CRIU passes a valid struct stat of the mapping (or NULL, refused here).
-    let Some(rdev) = (unsafe { st.as_ref() }).map(|s| s.st_rdev) else {
+extern "C" fn handle_device_vma(fd: c_int, _st: *const libc::stat) -> c_int {
+    if fd < 0 {
         return -ENOTSUP;
-    };
+    }
+    // SAFETY: CRIU passes an fd it holds open (on /proc/PID/map_files/...) for the whole call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
     with_plugin("HANDLE_DEVICE_VMA", |p| {
-        p.dispatch(|v, h| v.handle_device_vma(h, fd, rdev))
-            .map(done0)
+        p.dispatch(|v, h| v.handle_device_vma(h, fd)).map(done0)
     })
 }
 
 extern "C" fn dump_ext_file(fd: c_int, id: c_int) -> c_int {
+    if fd < 0 {
+        return -ENOTSUP;
+    }
+    // SAFETY: CRIU passes its own copy of the task's fd, open for the whole call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
     with_plugin("DUMP_EXT_FILE", |p| {
         p.dispatch(|v, h| v.dump_ext_file(h, fd, id as u32))
             .map(done0)

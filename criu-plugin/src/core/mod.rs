@@ -5,7 +5,7 @@
 pub mod config;
 pub mod record;
 
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::path::PathBuf;
 
 /// The plugin's name: CRIU's descriptor name, the inventory entry, the log prefix.
@@ -121,10 +121,12 @@ pub trait Vendor: Send {
     fn resume_devices_late(&mut self, _host: &dyn Host, _pid: i32) -> HookResult {
         Ok(Verdict::NotMine)
     }
-    fn handle_device_vma(&mut self, _host: &dyn Host, _fd: RawFd, _rdev: u64) -> HookResult {
+    /// A mapping of a device file: `Done` tells CRIU the plugin owns its contents.
+    fn handle_device_vma(&mut self, _host: &dyn Host, _fd: BorrowedFd<'_>) -> HookResult {
         Ok(Verdict::NotMine)
     }
-    fn dump_ext_file(&mut self, _host: &dyn Host, _fd: RawFd, _id: u32) -> HookResult {
+    /// A file CRIU cannot dump (`fd` is CRIU's copy of it).
+    fn dump_ext_file(&mut self, _host: &dyn Host, _fd: BorrowedFd<'_>, _id: u32) -> HookResult {
         Ok(Verdict::NotMine)
     }
     /// Returns an fd that CRIU takes over.

@@ -1,0 +1,108 @@
+//! A simulated AMD machine: the simulated KFD's root with a topology, and ROCm-like apps on it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use amd_kfd::topology::Topology;
+
+use crate::{artifact, reap_in_background, setsid_command, signal, wait_until, App, Machine};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+pub struct AmdSim {
+    pub dir: PathBuf,
+    pub root: PathBuf,
+    apps: Vec<i32>,
+}
+
+impl AmdSim {
+    pub fn new(topology: &Topology) -> AmdSim {
+        let dir = std::env::temp_dir().join(format!(
+            "gpu-ckpt-amd-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let root = dir.join("kfd");
+        topology.write(&root.join("topology")).unwrap();
+        AmdSim {
+            dir,
+            root,
+            apps: Vec::new(),
+        }
+    }
+
+    /// Replaces the machine's GPUs (another machine, as far as restore can tell).
+    pub fn swap_topology(&self, topology: &Topology) {
+        let t = self.root.join("topology");
+        std::fs::remove_dir_all(&t).unwrap();
+        topology.write(&t).unwrap();
+    }
+
+    pub fn app(&mut self, name: &str, args: &[&str]) -> App {
+        let log = self.dir.join(format!("{name}.log"));
+        let child = setsid_command(&artifact("amd-kfd-sim-app"))
+            .args([
+                "--root",
+                self.root.to_str().unwrap(),
+                "--log",
+                log.to_str().unwrap(),
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start amd-kfd-sim-app");
+        let pid = reap_in_background(child);
+        self.apps.push(pid);
+        let app = App { pid, log };
+        assert!(
+            wait_until(Duration::from_secs(20), || app.steps() >= 1),
+            "{name} did not start: {}",
+            app.tail()
+        );
+        app
+    }
+
+    pub fn adopt(&mut self, pid: i32) {
+        self.apps.push(pid);
+    }
+
+    pub fn image_of(dir: &Path) -> Option<PathBuf> {
+        std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("amdgpu-kfd-"))
+            })
+    }
+}
+
+impl Machine for AmdSim {
+    fn env(&self) -> Vec<(String, String)> {
+        vec![(
+            amd_kfd::device::sim::ROOT_ENV.into(),
+            self.root.display().to_string(),
+        )]
+    }
+    fn scratch(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for AmdSim {
+    fn drop(&mut self) {
+        for &pid in &self.apps {
+            signal(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        if std::env::var_os("KEEP_TEST_DIRS").is_none() {
+            let _ = Command::new("rm").arg("-rf").arg(&self.dir).status();
+        }
+    }
+}
