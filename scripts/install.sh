@@ -2,13 +2,17 @@
 # Set-up, step one: installs what the project needs, builds it, installs it, and runs the demo
 # (a GPU process checkpointed and restored through CRIU with the plugin).
 #
-#   sudo scripts/install.sh [--no-demo]
+#   sudo scripts/install.sh [--no-demo] [--no-containers]
 #
 # Installs:
 #   CRIU >= 4.2                       scripts/install-criu.sh, where the system's is older
 #   /usr/local/bin/cuda-checkpoint-ctl
 #   <CRIU plugin dir>/criu_gpu_plugin.so   (/usr/lib/criu, where criu looks by default)
 #   /etc/criu/gpu-plugin.conf          (the plugin's settings, all commented out)
+#   /etc/criu/runc.conf, crun.conf     (criu options for container runtimes, if not present)
+#   /usr/local/bin/criu-gpu-check      (can this node restore that checkpoint?)
+#   Podman, runc, zstd                 (Debian packages: container checkpoints; --no-containers
+#                                       leaves them out)
 #   /usr/local/lib/criu-gpu/sim/       the simulated driver (libcuda.so.1, libnvidia-ml.so.1),
 #   /usr/local/bin/cuda-sim-gpud, cuda-sim-app   used only when selected explicitly
 # Environment: PREFIX (/usr/local), CRIU_PLUGIN_DIR (/usr/lib/criu).
@@ -17,7 +21,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 PREFIX=${PREFIX:-/usr/local}
 CRIU_PLUGIN_DIR=${CRIU_PLUGIN_DIR:-/usr/lib/criu}
 demo=1
-[ "${1:-}" = --no-demo ] && demo=0
+containers=1
+for a in "$@"; do
+	case $a in
+	--no-demo) demo=0 ;;
+	--no-containers) containers=0 ;;
+	*) echo "install.sh: unknown option $a" >&2; exit 2 ;;
+	esac
+done
 say() { printf '\n== %s\n' "$*"; }
 
 [ "$(id -u)" = 0 ] || { echo "install.sh: run as root (it installs into $PREFIX and $CRIU_PLUGIN_DIR)" >&2; exit 1; }
@@ -28,6 +39,11 @@ command -v cargo >/dev/null || {
 
 say "CRIU"
 bash "$root/scripts/install-criu.sh"
+if [ $containers = 1 ]; then
+	say "Podman, runc, zstd"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get install -y -qq --no-install-recommends podman runc uidmap zstd tar >/dev/null
+fi
 export PATH="$PREFIX/sbin:$PATH"
 
 say "building (release)"
@@ -36,7 +52,7 @@ cargo build --release --locked --workspace
 
 say "installing"
 install -d "$PREFIX/bin" "$CRIU_PLUGIN_DIR" "$PREFIX/lib/criu-gpu/sim" /etc/criu
-install -m 0755 target/release/cuda-checkpoint-ctl "$PREFIX/bin/"
+install -m 0755 target/release/cuda-checkpoint-ctl target/release/criu-gpu-check "$PREFIX/bin/"
 # A temporary name and a rename: a running criu keeps its mapping of the old file intact.
 install -m 0755 target/release/libcriu_gpu_plugin.so "$CRIU_PLUGIN_DIR/.criu_gpu_plugin.so.new"
 mv -f "$CRIU_PLUGIN_DIR/.criu_gpu_plugin.so.new" "$CRIU_PLUGIN_DIR/criu_gpu_plugin.so"
@@ -46,6 +62,9 @@ for f in libcuda.so.1 libnvidia-ml.so.1; do
 done
 install -m 0755 target/release/cuda-sim-gpud target/release/cuda-sim-app "$PREFIX/bin/"
 [ -e /etc/criu/gpu-plugin.conf ] || install -m 0644 "$root/container-hooks/gpu-plugin.conf" /etc/criu/gpu-plugin.conf
+for rt in runc crun; do
+	[ -e "/etc/criu/$rt.conf" ] || install -m 0644 "$root/container-hooks/criu/runc.conf" "/etc/criu/$rt.conf"
+done
 for other in cuda_plugin.so amdgpu_plugin.so; do
 	if [ -e "$CRIU_PLUGIN_DIR/$other" ]; then
 		echo "note: $CRIU_PLUGIN_DIR/$other is installed too; CRIU offers each GPU process to the" \

@@ -6,6 +6,7 @@
 //! GPU vendor. Logs go to CRIU's log through [`log`].
 
 pub mod abi;
+pub mod check;
 pub mod core;
 pub mod log;
 pub mod vendor;

@@ -120,6 +120,7 @@ fn with_plugin(hook: &str, f: impl FnOnce(&mut Plugin) -> HookResult<c_int>) -> 
 
 extern "C" fn init(stage: c_int) -> c_int {
     crate::log::init();
+    crate::core::config::export_file_settings();
     let r = catch_unwind(|| {
         let Some(stage) = Stage::from_raw(stage) else {
             return Ok(());

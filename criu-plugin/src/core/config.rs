@@ -8,7 +8,11 @@
 //! | `CRIU_GPU_PARALLEL` | `0`: checkpoint and restore one process at a time | 1 |
 //! | `CRIU_GPU_CONFIG` | the file read for unset variables | /etc/criu/gpu-plugin.conf |
 //!
-//! The file holds `KEY=VALUE` lines with the same keys; `#` starts a comment.
+//! The file holds `KEY=VALUE` lines with the same keys; `#` starts a comment. It may also set
+//! the libraries' variables (`CUDA_CKPT_LIBCUDA`, `CUDA_CKPT_LIBNVML`, `KFD_*_CHECK`, and the
+//! simulations' `CUDA_SIM_*`, `AMD_KFD_SIM_ROOT`): [`export_file_settings`] puts those into the
+//! environment of the criu process when it does not have them, since container runtimes start
+//! criu with an environment of their own.
 
 use std::time::Duration;
 
@@ -47,6 +51,32 @@ impl Default for Config {
             placement: GpuPlacement::Same,
             parallel: true,
         }
+    }
+}
+
+/// Prefixes of the settings the file may put into criu's environment.
+const EXPORTED: [&str; 5] = ["CRIU_GPU_", "CUDA_CKPT_", "CUDA_SIM_", "AMD_KFD_", "KFD_"];
+
+/// The file's settings that the environment lacks, for [`export_file_settings`].
+pub fn file_settings(file: &str, env: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+    file.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .filter(|(k, v)| !v.is_empty() && EXPORTED.iter().any(|p| k.starts_with(p)) && !env(k))
+        .collect()
+}
+
+/// Exports the settings file into this (criu's) process environment. Called once, from
+/// `init`, while criu runs a single thread.
+pub fn export_file_settings() {
+    let path = std::env::var("CRIU_GPU_CONFIG").unwrap_or_else(|_| CONFIG_FILE.into());
+    let Ok(file) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    for (k, v) in file_settings(&file, |k| std::env::var_os(k).is_some()) {
+        tracing::debug!("{k}={v} (from {path})");
+        std::env::set_var(k, v);
     }
 }
 
@@ -122,6 +152,19 @@ mod tests {
         assert_eq!(
             Config::from_sources(|_| None, "").unwrap(),
             Config::default()
+        );
+    }
+
+    #[test]
+    fn the_file_fills_in_what_the_environment_lacks() {
+        let file = "CUDA_CKPT_LIBCUDA=/opt/lib/libcuda.so.1\nCRIU_GPU_PARALLEL=0\nPATH=/evil\nAMD_KFD_SIM_ROOT=\n";
+        let got = file_settings(file, |k| k == "CRIU_GPU_PARALLEL");
+        assert_eq!(
+            got,
+            vec![(
+                "CUDA_CKPT_LIBCUDA".to_owned(),
+                "/opt/lib/libcuda.so.1".to_owned()
+            )]
         );
     }
 

@@ -24,7 +24,7 @@ use crate::abi::criu::TASK_DEAD;
 use crate::core::config::Config;
 use crate::core::{record, Claims, HookError, HookResult, Host, Released, Stage, Vendor, Verdict};
 
-pub use self::placement::{plan, CudaImage, Plan, ProcessRecord, Usage};
+pub use self::placement::{plan, CudaImage, Plan, ProcessRecord, Usage, FORMAT, RECORD};
 pub use self::system::{CudaSystem, Real};
 
 /// The image name of NVIDIA's own CRIU plugin: its checkpoints are restored too.

@@ -1,0 +1,177 @@
+//! Rootful Podman with runc, a locally built image holding the simulated GPU application, and
+//! the plugin's settings file (container runtimes do not pass their environment on to criu).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::{artifact, Sim};
+
+pub const CONF: &str = "/etc/criu/gpu-plugin.conf";
+
+pub fn podman(args: &[&str]) -> Output {
+    Command::new("podman")
+        .args(args)
+        .output()
+        .expect("run podman")
+}
+
+/// Podman and runc, or a panic saying how to get them.
+pub fn require() {
+    for tool in ["podman", "runc"] {
+        assert!(
+            Command::new(tool)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "{tool} is missing: run scripts/install.sh (it installs Podman and runc)"
+        );
+    }
+}
+
+/// An image built from a directory: the test application, the simulated driver and the C
+/// libraries they need. No registry is involved.
+pub struct Image {
+    pub name: String,
+}
+
+impl Image {
+    pub fn build(scratch: &Path) -> Image {
+        let root = scratch.join("rootfs");
+        for d in [
+            "usr/bin",
+            "opt/sim/lib",
+            "lib/x86_64-linux-gnu",
+            "lib64",
+            "logs",
+            "run/cuda-sim",
+        ] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::copy(artifact("cuda-sim-app"), root.join("usr/bin/cuda-sim-app")).unwrap();
+        std::fs::copy(
+            artifact("libcuda.so"),
+            root.join("opt/sim/lib/libcuda.so.1"),
+        )
+        .unwrap();
+        for lib in ["libc.so.6", "libgcc_s.so.1", "libm.so.6"] {
+            std::fs::copy(
+                Path::new("/lib/x86_64-linux-gnu").join(lib),
+                root.join("lib/x86_64-linux-gnu").join(lib),
+            )
+            .unwrap();
+        }
+        std::fs::copy(
+            "/lib64/ld-linux-x86-64.so.2",
+            root.join("lib64/ld-linux-x86-64.so.2"),
+        )
+        .unwrap();
+        let tar = scratch.join("rootfs.tar");
+        let ok = Command::new("tar")
+            .arg("-C")
+            .arg(&root)
+            .arg("-cf")
+            .arg(&tar)
+            .arg(".")
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "tar of the root file system");
+        let name = format!("localhost/criu-gpu-test:{}", std::process::id());
+        let out = podman(&["import", tar.to_str().unwrap(), &name]);
+        assert!(
+            out.status.success(),
+            "podman import: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Image { name }
+    }
+
+    /// `podman run -d` of the test application with the simulated GPU's socket mounted in, as
+    /// NVIDIA's container toolkit mounts /dev/nvidia*.
+    pub fn run(&self, sim: &Sim, container: &str, logs: &Path, app_args: &[&str]) -> Output {
+        let sock_mount = format!("{}:/run/cuda-sim", sim.socket.parent().unwrap().display());
+        let log_mount = format!("{}:/logs", logs.display());
+        let mut a = vec![
+            "run",
+            "-d",
+            "--name",
+            container,
+            "--runtime",
+            "runc",
+            "--network",
+            "none",
+            // This sandbox cannot raise resource limits; podman's defaults would.
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "-v",
+            &sock_mount,
+            "-v",
+            &log_mount,
+            "-e",
+            "LD_LIBRARY_PATH=/opt/sim/lib",
+            "-e",
+            "CUDA_SIM_SOCKET=/run/cuda-sim/gpud.sock",
+            &self.name,
+            "/usr/bin/cuda-sim-app",
+            "--log",
+            "/logs/app.log",
+        ];
+        a.extend_from_slice(app_args);
+        podman(&a)
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = podman(&["rmi", "-f", &self.name]);
+    }
+}
+
+/// Replaces the plugin's settings file while alive; puts back what was there.
+pub struct Settings {
+    saved: Option<Vec<u8>>,
+}
+
+impl Settings {
+    pub fn set(lines: &[String]) -> Settings {
+        let saved = std::fs::read(CONF).ok();
+        std::fs::create_dir_all(Path::new(CONF).parent().unwrap()).unwrap();
+        std::fs::write(CONF, lines.join("\n") + "\n").unwrap();
+        Settings { saved }
+    }
+
+    /// The settings a simulated machine needs.
+    pub fn for_sim(sim: &Sim) -> Vec<String> {
+        sim.env()
+            .into_iter()
+            .filter(|(k, _)| k != "LD_LIBRARY_PATH")
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()
+    }
+}
+
+impl Drop for Settings {
+    fn drop(&mut self) {
+        match &self.saved {
+            Some(b) => {
+                let _ = std::fs::write(CONF, b);
+            }
+            None => {
+                let _ = std::fs::remove_file(CONF);
+            }
+        }
+    }
+}
+
+/// The log of the last checkpoint or restore of a container kept with --keep.
+pub fn container_log(container: &str, name: &str) -> String {
+    let out = podman(&["inspect", "--format", "{{.Id}}", container]);
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let path = PathBuf::from("/var/lib/containers/storage/overlay-containers")
+        .join(id)
+        .join("userdata")
+        .join(name);
+    std::fs::read_to_string(path).unwrap_or_default()
+}
