@@ -2,7 +2,10 @@
 # Installs CRIU >= 4.2 where the system has none or an older one (Debian 12 ships 3.17, which
 # lacks the device hooks this project needs). Builds the pinned upstream 4.2.1 source kept in
 # third_party/criu with the distribution's build dependencies, and installs into $PREFIX
-# (default /usr/local): sbin/criu, include/criu/criu-plugin.h. Idempotent.
+# (default /usr/local): sbin/criu, include/criu/criu-plugin.h. Also builds CRIU's own C CUDA
+# plugin from the same source into $PREFIX/lib/criu-gpu/upstream-cuda/ (not CRIU's plugin
+# directory): the tests use it to show that cuda-checkpoint-ctl is a drop-in for NVIDIA's
+# cuda-checkpoint and that images it made restore with this project's plugin. Idempotent.
 #
 #   scripts/install-criu.sh            # install if needed
 #   CRIU_MIN=4.2 PREFIX=/usr/local WORK=/opt/criu-build scripts/install-criu.sh
@@ -23,8 +26,9 @@ version_ok() { # version_ok BINARY: prints the version and succeeds if it is >= 
 	[ "$(printf '%s\n%s\n' "$CRIU_MIN" "$v" | sort -V | head -1)" = "$CRIU_MIN" ]
 }
 
+UPSTREAM_CUDA=$PREFIX/lib/criu-gpu/upstream-cuda/cuda_plugin.so
 for c in "$PREFIX/sbin/criu" "$(command -v criu || true)"; do
-	if [ -n "$c" ] && [ -x "$c" ] && v=$(version_ok "$c"); then
+	if [ -n "$c" ] && [ -x "$c" ] && v=$(version_ok "$c") && [ -e "$UPSTREAM_CUDA" ]; then
 		echo "criu $v at $c is new enough (>= $CRIU_MIN)"
 		exit 0
 	fi
@@ -50,10 +54,11 @@ rm -rf "$WORK/criu-4.2.1"
 tar -xf "$TARBALL" -C "$WORK"
 echo "[${SECONDS}s] building CRIU (make criu)"
 cd "$WORK/criu-4.2.1"
-make -j"$(nproc)" criu >"$WORK/build.log" 2>&1 || {
+make -j"$(nproc)" criu cuda_plugin >"$WORK/build.log" 2>&1 || {
 	tail -50 "$WORK/build.log"
 	exit 1
 }
 make install-criu PREFIX="$PREFIX" >>"$WORK/build.log" 2>&1
+install -D -m 0755 plugins/cuda/cuda_plugin.so "$UPSTREAM_CUDA"
 "$PREFIX/sbin/criu" --version
 echo "[${SECONDS}s] CRIU installed in $PREFIX"

@@ -30,12 +30,24 @@ fn ns_id(task_path: &str) -> Option<i32> {
         .ok()
 }
 
+/// The process a task id belongs to (the driver accepts any thread of the process, as
+/// NVIDIA/cuda-checkpoint#41 shows; CRIU's C plugin asks for the state of the restore thread).
+fn tgid(pid: i32) -> Option<i32> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Maps the control page of process `pid`. Errors as the real driver gives them: no such
 /// process is CUDA_ERROR_OPERATING_SYSTEM, a process without CUDA CUDA_ERROR_NOT_INITIALIZED.
 fn attach(pid: i32) -> CuResult<ControlPage> {
     if pid <= 0 {
         return Err(code::INVALID_VALUE);
     }
+    let pid = tgid(pid).unwrap_or(pid);
     let dir = format!("/proc/{pid}/fd");
     let entries = fs::read_dir(&dir).map_err(|e| match e.kind() {
         ErrorKind::PermissionDenied => code::NOT_PERMITTED,
@@ -72,6 +84,7 @@ pub fn state(pid: i32) -> CuResult<u32> {
 
 /// The helper thread's id, as seen from the caller's pid namespace.
 pub fn restore_thread_id(pid: i32) -> CuResult<i32> {
+    let pid = tgid(pid).unwrap_or(pid);
     let local = attach(pid)?
         .block()
         .restore_tid

@@ -30,6 +30,9 @@ pub fn criu_binary() -> PathBuf {
     panic!("CRIU >= 4.2 not found: run scripts/install-criu.sh (or set CRIU=/path/to/criu)");
 }
 
+/// Where scripts/install-criu.sh puts CRIU's own C CUDA plugin.
+pub const UPSTREAM_CUDA: &str = "/usr/local/lib/criu-gpu/upstream-cuda/cuda_plugin.so";
+
 /// An image directory and the plugin directory for one simulated machine.
 pub struct Criu {
     pub bin: PathBuf,
@@ -46,6 +49,23 @@ impl Criu {
             plugins.join("criu_gpu_plugin.so"),
         )
         .unwrap();
+        Criu {
+            bin: criu_binary(),
+            plugins,
+        }
+    }
+
+    /// A plugin directory holding NVIDIA's C CUDA plugin as CRIU builds it (installed apart by
+    /// scripts/install-criu.sh).
+    pub fn upstream_cuda(m: &impl Machine) -> Criu {
+        let built = Path::new(UPSTREAM_CUDA);
+        assert!(
+            built.exists(),
+            "{UPSTREAM_CUDA} is missing: run scripts/install-criu.sh (it builds CRIU's CUDA plugin)"
+        );
+        let plugins = m.scratch().join("upstream-plugins");
+        fs::create_dir_all(&plugins).unwrap();
+        fs::copy(built, plugins.join("cuda_plugin.so")).unwrap();
         Criu {
             bin: criu_binary(),
             plugins,
