@@ -3,13 +3,15 @@
 #   bin/     cuda-checkpoint-ctl, criu (a wrapper) and criu.real
 #   lib/     the shared libraries CRIU needs that Ubuntu 24.04 lacks
 #   plugins/ criu_gpu_plugin.so
+#   upstream-plugins/ CRIU's own cuda_plugin.so (scripts/install-criu.sh builds it)
 # Then on that machine: export PATH=$PWD/.carry/bin:$PATH.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$root/.carry
 cd "$root"
 cargo build --release -p cuda-checkpoint-ctl -p criu-gpu-plugin
-rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/plugins"
+rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/plugins" "$out/upstream-plugins"
+cp /usr/local/lib/criu-gpu/upstream-cuda/cuda_plugin.so "$out/upstream-plugins/"
 cp target/release/cuda-checkpoint-ctl "$out/bin/"
 cp target/release/libcriu_gpu_plugin.so "$out/plugins/criu_gpu_plugin.so"
 strip "$out/bin/cuda-checkpoint-ctl" "$out/plugins/criu_gpu_plugin.so"
