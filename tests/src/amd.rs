@@ -1,13 +1,12 @@
 //! A simulated AMD machine: the simulated KFD's root with a topology, and ROCm-like apps on it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 
 use amd_kfd::topology::Topology;
 
-use crate::{artifact, reap_in_background, setsid_command, signal, wait_until, App, Machine};
+use crate::{signal, start_app, App, Machine};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -43,27 +42,10 @@ impl AmdSim {
 
     pub fn app(&mut self, name: &str, args: &[&str]) -> App {
         let log = self.dir.join(format!("{name}.log"));
-        let child = setsid_command(&artifact("amd-kfd-sim-app"))
-            .args([
-                "--root",
-                self.root.to_str().unwrap(),
-                "--log",
-                log.to_str().unwrap(),
-            ])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start amd-kfd-sim-app");
-        let pid = reap_in_background(child);
-        self.apps.push(pid);
-        let app = App { pid, log };
-        assert!(
-            wait_until(Duration::from_secs(20), || app.steps() >= 1),
-            "{name} did not start: {}",
-            app.tail()
-        );
+        let mut all = vec!["--root", self.root.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let app = start_app("amd-kfd-sim-app", &log, &all, Vec::new());
+        self.apps.push(app.pid);
         app
     }
 

@@ -194,23 +194,8 @@ impl Sim {
     /// Starts the test application as a session leader (as CRIU wants a dump root).
     pub fn app(&mut self, name: &str, args: &[&str]) -> App {
         let log = self.dir.join(format!("{name}.log"));
-        let child = setsid_command(&artifact("cuda-sim-app"))
-            .args(["--log", log.to_str().unwrap()])
-            .args(args)
-            .envs(self.env())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start cuda-sim-app");
-        let pid = reap_in_background(child);
-        self.apps.push(pid);
-        let app = App { pid, log };
-        assert!(
-            wait_until(Duration::from_secs(20), || app.steps() >= 1),
-            "{name} did not start: {}",
-            app.tail()
-        );
+        let app = start_app("cuda-sim-app", &log, args, self.env());
+        self.apps.push(app.pid);
         app
     }
 
@@ -283,6 +268,30 @@ impl Drop for Sim {
             let _ = fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// Starts a test application (`program --log LOG ARGS`) in a session of its own and waits for
+/// its first verified step.
+pub fn start_app(program: &str, log: &Path, args: &[&str], env: Vec<(String, String)>) -> App {
+    let child = setsid_command(&artifact(program))
+        .args(["--log", log.to_str().unwrap()])
+        .args(args)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {program}: {e}"));
+    let app = App {
+        pid: reap_in_background(child),
+        log: log.to_path_buf(),
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || app.steps() >= 1),
+        "{program} did not start: {}",
+        app.tail()
+    );
+    app
 }
 
 /// Hands a child to a thread that reaps it when it dies, so its pid is free again at once

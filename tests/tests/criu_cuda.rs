@@ -21,6 +21,20 @@ fn dump_kill_restore(sim: &mut Sim, c: &Criu, app: &App, images: &std::path::Pat
     sim.adopt(app.pid);
 }
 
+/// Restores `images` and checks the application runs on with its data.
+fn restore_and_check(
+    sim: &mut Sim,
+    c: &Criu,
+    app: &App,
+    images: &std::path::Path,
+    env: &[(&str, &str)],
+) {
+    assert_ok(&c.restore(sim, images, &[], env), images, "restore.log");
+    sim.adopt(app.pid);
+    assert!(app.advances(3), "{}", app.tail());
+    app.assert_healthy();
+}
+
 #[test]
 fn without_the_plugin_criu_cannot_dump_a_gpu_process() {
     let mut sim = Sim::start();
@@ -142,11 +156,7 @@ fn leave_running_keeps_the_process_going_and_the_image_restores_later() {
     // Later: the process is lost, and comes back from the image.
     signal(app.pid, Signal::SIGKILL);
     wait_gone(app.pid);
-    let out = c.restore(&sim, &images, &[], &[]);
-    assert_ok(&out, &images, "restore.log");
-    sim.adopt(app.pid);
-    assert!(app.advances(3), "{}", app.tail());
-    app.assert_healthy();
+    restore_and_check(&mut sim, &c, &app, &images, &[]);
 }
 
 #[test]
@@ -180,11 +190,13 @@ fn restore_on_another_machine_needs_a_map_and_then_works() {
         "nothing was started"
     );
     // The operator asks for the mapping.
-    let out = c.restore(&sim, &images, &[], &[("CRIU_GPU_DEVICE_MAP", "auto")]);
-    assert_ok(&out, &images, "restore.log");
-    sim.adopt(app.pid);
-    assert!(app.advances(3), "{}", app.tail());
-    app.assert_healthy();
+    restore_and_check(
+        &mut sim,
+        &c,
+        &app,
+        &images,
+        &[("CRIU_GPU_DEVICE_MAP", "auto")],
+    );
     let used: Vec<u64> = sim.gpus().iter().map(|g| g.1).collect();
     assert_eq!(used.iter().sum::<u64>(), 16 << 20);
 }
@@ -301,11 +313,7 @@ fn a_failed_gpu_restore_fails_criu_and_the_images_restore_on_retry() {
         criu::tail(&log, 30)
     );
     wait_gone(app.pid);
-    let out = c.restore(&sim, &images, &[], &[]);
-    assert_ok(&out, &images, "restore.log");
-    sim.adopt(app.pid);
-    assert!(app.advances(3), "{}", app.tail());
-    app.assert_healthy();
+    restore_and_check(&mut sim, &c, &app, &images, &[]);
 }
 
 #[test]
@@ -334,10 +342,7 @@ fn not_enough_gpu_memory_is_refused_before_restoring_and_a_retry_works() {
     );
     signal(hog.pid, Signal::SIGKILL);
     assert!(wait_until(Duration::from_secs(5), || sim.gpus()[0].1 == 0));
-    assert_ok(&c.restore(&sim, &images, &[], &[]), &images, "restore.log");
-    sim.adopt(app.pid);
-    assert!(app.advances(3));
-    app.assert_healthy();
+    restore_and_check(&mut sim, &c, &app, &images, &[]);
 }
 
 #[test]
@@ -370,10 +375,7 @@ fn a_missing_or_corrupt_plugin_image_is_refused_and_the_fixed_image_restores() {
     assert!(!std::path::Path::new(&format!("/proc/{}", app.pid)).exists());
 
     std::fs::write(&record, &good).unwrap();
-    assert_ok(&c.restore(&sim, &images, &[], &[]), &images, "restore.log");
-    sim.adopt(app.pid);
-    assert!(app.advances(3));
-    app.assert_healthy();
+    restore_and_check(&mut sim, &c, &app, &images, &[]);
 }
 
 #[test]

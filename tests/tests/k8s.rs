@@ -109,6 +109,22 @@ impl Node {
             .unwrap()
     }
 
+    /// `gpuctl.py CMD [NODE] --kubelet URL --token-file T --store STORE EXTRA...`
+    fn against_kubelet(&self, cmd: &[&str], extra: &[&str]) -> Output {
+        let token = self.path("token");
+        let store = self.path("store");
+        let mut a = cmd.to_vec();
+        a.extend([
+            "--kubelet",
+            &self.url,
+            "--token-file",
+            token.to_str().unwrap(),
+        ]);
+        a.extend(["--store", store.to_str().unwrap()]);
+        a.extend_from_slice(extra);
+        self.gpuctl(&a)
+    }
+
     fn kubelet_requests(&self) -> Vec<String> {
         read_lines(&self.path("kubelet.log"))
     }
@@ -133,15 +149,7 @@ fn text(o: &Output) -> String {
 fn checkpoint_saves_every_running_gpu_container_and_a_manifest() {
     let n = Node::start("");
     let store = n.path("store");
-    let out = n.gpuctl(&[
-        "checkpoint",
-        "--kubelet",
-        &n.url,
-        "--token-file",
-        n.path("token").to_str().unwrap(),
-        "--store",
-        store.to_str().unwrap(),
-    ]);
+    let out = n.against_kubelet(&["checkpoint"], &[]);
     assert_eq!(exit_code(&out), 0, "{}", text(&out));
     let posts: Vec<String> = n
         .kubelet_requests()
@@ -176,17 +184,7 @@ fn checkpoint_saves_every_running_gpu_container_and_a_manifest() {
 fn a_dry_run_changes_nothing() {
     let n = Node::start("");
     let store = n.path("store");
-    let out = n.gpuctl(&[
-        "drain",
-        "node-a",
-        "--kubelet",
-        &n.url,
-        "--token-file",
-        n.path("token").to_str().unwrap(),
-        "--store",
-        store.to_str().unwrap(),
-        "--dry-run",
-    ]);
+    let out = n.against_kubelet(&["drain", "node-a"], &["--dry-run"]);
     assert_eq!(exit_code(&out), 0, "{}", text(&out));
     assert!(
         n.kubelet_requests().iter().all(|l| l.starts_with("GET")),
@@ -206,16 +204,7 @@ fn a_dry_run_changes_nothing() {
 fn a_failed_checkpoint_stops_the_drain_with_the_reason() {
     let n = Node::start("trainer");
     let store = n.path("store");
-    let out = n.gpuctl(&[
-        "drain",
-        "node-a",
-        "--kubelet",
-        &n.url,
-        "--token-file",
-        n.path("token").to_str().unwrap(),
-        "--store",
-        store.to_str().unwrap(),
-    ]);
+    let out = n.against_kubelet(&["drain", "node-a"], &[]);
     assert_eq!(exit_code(&out), 1, "{}", text(&out));
     let t = text(&out);
     assert!(
@@ -246,16 +235,7 @@ fn a_failed_checkpoint_stops_the_drain_with_the_reason() {
 #[test]
 fn drain_cordons_and_drains_once_everything_is_saved() {
     let n = Node::start("");
-    let out = n.gpuctl(&[
-        "drain",
-        "node-a",
-        "--kubelet",
-        &n.url,
-        "--token-file",
-        n.path("token").to_str().unwrap(),
-        "--store",
-        n.path("store").to_str().unwrap(),
-    ]);
+    let out = n.against_kubelet(&["drain", "node-a"], &[]);
     assert_eq!(exit_code(&out), 0, "{}", text(&out));
     let tools = n.tools();
     assert_eq!(tools.len(), 2, "{tools:?}");
@@ -292,15 +272,7 @@ fn a_bad_token_is_reported() {
 fn restore_builds_checkpoint_images_and_recreates_the_pods() {
     let n = Node::start("");
     let store = n.path("store");
-    let out = n.gpuctl(&[
-        "checkpoint",
-        "--kubelet",
-        &n.url,
-        "--token-file",
-        n.path("token").to_str().unwrap(),
-        "--store",
-        store.to_str().unwrap(),
-    ]);
+    let out = n.against_kubelet(&["checkpoint"], &[]);
     assert_eq!(exit_code(&out), 0, "{}", text(&out));
     let dry = n.gpuctl(&[
         "restore",

@@ -68,6 +68,21 @@ fn criu_op(
     })
 }
 
+/// Opens a device file read-write; errors name the file and the operation.
+fn open_rw(path: &str, op: &'static str) -> Result<std::fs::File, KfdError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| KfdError::new(op, e.raw_os_error().unwrap_or(0), format!("{path}: {e}")))
+}
+
+/// Moves an fd to a number >= `min_fd`, out of the way of the restored process's own.
+fn move_fd(f: std::fs::File, min_fd: i32) -> Result<OwnedFd, KfdError> {
+    rustix::io::fcntl_dupfd_cloexec(&f, min_fd)
+        .map_err(|e| KfdError::new("open", e.raw_os_error(), "cannot move the fd"))
+}
+
 /// A CPU mapping of a buffer's dma-buf.
 struct Mapped {
     ptr: *mut u8,
@@ -192,17 +207,7 @@ impl Kfd for RealKfd {
     }
 
     fn version(&self) -> Result<(u32, u32), KfdError> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(DEVICE)
-            .map_err(|e| {
-                KfdError::new(
-                    "version",
-                    e.raw_os_error().unwrap_or(0),
-                    format!("{DEVICE}: {e}"),
-                )
-            })?;
+        let f = open_rw(DEVICE, "version")?;
         let mut v = GetVersionArgs::default();
         ioctl(f.as_fd(), uapi::AMDKFD_IOC_GET_VERSION as u64, &mut v)
             .map_err(|e| KfdError::new("version", e, "AMDKFD_IOC_GET_VERSION failed"))?;
@@ -275,36 +280,14 @@ impl Kfd for RealKfd {
     }
 
     fn open_for_restore(&self, min_fd: i32) -> Result<OwnedFd, KfdError> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(DEVICE)
-            .map_err(|e| {
-                KfdError::new(
-                    "open",
-                    e.raw_os_error().unwrap_or(0),
-                    format!("{DEVICE}: {e}"),
-                )
-            })?;
-        rustix::io::fcntl_dupfd_cloexec(&f, min_fd)
-            .map_err(|e| KfdError::new("open", e.raw_os_error(), "cannot move the KFD fd"))
+        move_fd(open_rw(DEVICE, "open")?, min_fd)
     }
 
     fn open_render(&self, minor: u32, min_fd: i32) -> Result<OwnedFd, KfdError> {
-        let path = format!("/dev/dri/renderD{minor}");
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| {
-                KfdError::new(
-                    "open",
-                    e.raw_os_error().unwrap_or(0),
-                    format!("{path}: {e}"),
-                )
-            })?;
-        rustix::io::fcntl_dupfd_cloexec(&f, min_fd)
-            .map_err(|e| KfdError::new("open", e.raw_os_error(), "cannot move the render fd"))
+        move_fd(
+            open_rw(&format!("/dev/dri/renderD{minor}"), "open")?,
+            min_fd,
+        )
     }
 
     fn restore(
@@ -340,17 +323,7 @@ impl Kfd for RealKfd {
     }
 
     fn resume(&self, pid: u32) -> Result<(), KfdError> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(DEVICE)
-            .map_err(|e| {
-                KfdError::new(
-                    "RESUME",
-                    e.raw_os_error().unwrap_or(0),
-                    format!("{DEVICE}: {e}"),
-                )
-            })?;
+        let f = open_rw(DEVICE, "RESUME")?;
         let mut a = CriuArgs {
             pid,
             ..CriuArgs::default()
