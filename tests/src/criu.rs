@@ -92,40 +92,38 @@ impl Criu {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Output {
+        self.dump_action(sim, "dump", pid, dir, args, env)
+    }
+
+    /// `criu pre-dump -t PID -D DIR -v4 -o pre-dump.log`.
+    pub fn pre_dump(&self, sim: &impl Machine, pid: i32, dir: &Path) -> Output {
+        self.dump_action(sim, "pre-dump", pid, dir, &[], &[])
+    }
+
+    fn dump_action(
+        &self,
+        sim: &impl Machine,
+        action: &str,
+        pid: i32,
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Output {
         fs::create_dir_all(dir).unwrap();
         let pid = pid.to_string();
+        let log = format!("{action}.log");
         let mut a = vec![
-            "dump",
+            action,
             "-t",
             &pid,
             "-D",
             dir.to_str().unwrap(),
             "-v4",
             "-o",
-            "dump.log",
+            &log,
         ];
         a.extend_from_slice(args);
         self.run(sim, &a, env)
-    }
-
-    /// `criu pre-dump ...`.
-    pub fn pre_dump(&self, sim: &impl Machine, pid: i32, dir: &Path) -> Output {
-        fs::create_dir_all(dir).unwrap();
-        let pid = pid.to_string();
-        self.run(
-            sim,
-            &[
-                "pre-dump",
-                "-t",
-                &pid,
-                "-D",
-                dir.to_str().unwrap(),
-                "-v4",
-                "-o",
-                "pre-dump.log",
-            ],
-            &[],
-        )
     }
 
     /// `criu restore -D DIR -d -v4 -o restore.log [args]`.

@@ -35,6 +35,19 @@ fn restore_and_check(
     app.assert_healthy();
 }
 
+/// Dumps `pid`, expects CRIU to fail, and returns the dump log.
+fn failed_dump(
+    sim: &Sim,
+    c: &Criu,
+    pid: i32,
+    images: &std::path::Path,
+    env: &[(&str, &str)],
+) -> String {
+    let out = c.dump(sim, pid, images, &[], env);
+    assert!(!out.status.success(), "the dump was expected to fail");
+    criu::log(images, "dump.log")
+}
+
 #[test]
 fn without_the_plugin_criu_cannot_dump_a_gpu_process() {
     let mut sim = Sim::start();
@@ -207,16 +220,18 @@ fn a_lock_timeout_fails_the_dump_and_the_process_keeps_running() {
     let c = Criu::new(&sim);
     let app = sim.app("busy", &["--busy-ms", "2000", "--interval-ms", "0"]);
     let images = sim.dir.join("img");
-    let out = c.dump(
+    let log = failed_dump(
         &sim,
+        &c,
         app.pid,
         &images,
-        &[],
         &[("CRIU_GPU_LOCK_TIMEOUT_MS", "300")],
     );
-    assert!(!out.status.success());
-    let log = plugin_lines(&images, "dump.log").join("\n");
-    assert!(log.contains("timed out after 300 ms"), "{log}");
+    assert!(
+        log.contains("timed out after 300 ms"),
+        "{}",
+        criu::tail(&log, 20)
+    );
     assert_eq!(sim.state(app.pid), "running");
     assert!(app.advances(2));
     app.assert_healthy();
@@ -233,16 +248,13 @@ fn a_checkpoint_error_fails_the_dump_and_the_process_keeps_its_data() {
     };
     assert!(wait_until(Duration::from_secs(20), || kid.steps() > 0));
     let images = sim.dir.join("img");
-    let out = c.dump(
-        &sim,
-        root.pid,
-        &images,
-        &[],
-        &[("CUDA_SIM_FAULT", "checkpoint=OUT_OF_MEMORY")],
+    let fault = [("CUDA_SIM_FAULT", "checkpoint=OUT_OF_MEMORY")];
+    let log = failed_dump(&sim, &c, root.pid, &images, &fault);
+    assert!(
+        log.contains("checkpoint of CUDA state failed"),
+        "{}",
+        criu::tail(&log, 20)
     );
-    assert!(!out.status.success());
-    let log = plugin_lines(&images, "dump.log").join("\n");
-    assert!(log.contains("checkpoint of CUDA state failed"), "{log}");
     assert_eq!(sim.state(root.pid), "running");
     assert!(root.advances(3) && kid.advances(3));
     root.assert_healthy();
@@ -268,9 +280,7 @@ fn criu_failing_after_the_checkpoint_puts_the_gpu_state_back() {
     );
     let _conn = listener.accept().unwrap();
     let images = sim.dir.join("img");
-    let out = c.dump(&sim, app.pid, &images, &[], &[]);
-    assert!(!out.status.success());
-    let log = criu::log(&images, "dump.log");
+    let log = failed_dump(&sim, &c, app.pid, &images, &[]);
     assert!(
         log.contains("checkpointed 1 CUDA process"),
         "the GPU part had succeeded"
@@ -403,9 +413,8 @@ fn a_stopped_gpu_process_is_refused_without_hanging() {
     let app = sim.app("app", &[]);
     signal(app.pid, Signal::SIGSTOP);
     let images = sim.dir.join("img");
-    let out = c.dump(&sim, app.pid, &images, &[], &[]);
-    assert!(!out.status.success());
-    assert!(criu::log(&images, "dump.log").contains(&format!("kill -CONT {}", app.pid)));
+    let log = failed_dump(&sim, &c, app.pid, &images, &[]);
+    assert!(log.contains(&format!("kill -CONT {}", app.pid)));
     signal(app.pid, Signal::SIGCONT);
     assert_eq!(sim.state(app.pid), "running");
     assert!(app.advances(2));
