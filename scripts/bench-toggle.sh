@@ -51,13 +51,7 @@ EOF
 done
 
 say "== $N processes of $EACH GiB: concurrently (--tree) against one after another"
-: >"$WORK/multi.pids"
-setsid bash -c "for i in \$(seq 1 $N); do '$WORK/gpu-app' $EACH \$i '$WORK/m.'\$i'.status' & echo \$! >>'$WORK/multi.pids'; done; wait" </dev/null >/dev/null 2>&1 &
-parent=$!
-APPS+=("$parent")
-sleep 1
-for i in $(seq 1 "$N"); do wait_for "$WORK/m.$i.status" '^ready' 600; done
-mapfile -t kids <"$WORK/multi.pids"
+start_app_tree "$N" "$EACH" "$WORK/m." 600
 t=$(now); "$CTL" --suspend --pid "${kids[0]}" >/dev/null; one_s=$(elapsed "$t")
 t=$(now); "$CTL" --resume --pid "${kids[0]}" >/dev/null; one_r=$(elapsed "$t")
 t=$(now); for p in "${kids[@]}"; do "$CTL" --suspend --pid "$p" >/dev/null; done; seq_s=$(elapsed "$t")

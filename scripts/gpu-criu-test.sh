@@ -90,14 +90,7 @@ done
 
 say "== $MULTI_N processes of $MULTI_GIB GiB in one tree: concurrent, then one at a time"
 for mode in 1 0; do
-	: >"$WORK/multi.pids"
-	setsid bash -c "for i in \$(seq 1 $MULTI_N); do '$WORK/gpu-app' $MULTI_GIB \$i '$WORK/multi$mode.'\$i'.status' & echo \$! >>'$WORK/multi.pids'; done; wait" </dev/null >/dev/null 2>&1 &
-	parent=$!
-	APPS+=("$parent")
-	sleep 1
-	for i in $(seq 1 "$MULTI_N"); do wait_for "$WORK/multi$mode.$i.status" '^ready' 300; done
-	mapfile -t kids <"$WORK/multi.pids"
-	APPS+=("${kids[@]}")
+	start_app_tree "$MULTI_N" "$MULTI_GIB" "$WORK/multi$mode." 300
 	export CRIU_GPU_PARALLEL=$mode
 	if dump_restore "tree-parallel$mode" "$parent"; then
 		eval "CK$mode=$(plugin_secs "$IMAGES/tree-parallel$mode/dump.log" checkpointed) RS$mode=$(plugin_secs "$IMAGES/tree-parallel$mode/restore.log" restored)"

@@ -64,15 +64,7 @@ for gib in $SIZES; do
 done
 
 say "== $MULTI_N processes of $MULTI_GIB GiB under one parent, toggled as a tree"
-: >"$WORK/multi.pids"
-setsid bash -c "for i in \$(seq 1 $MULTI_N); do '$WORK/gpu-app' $MULTI_GIB \$i '$WORK/multi.'\$i'.status' & echo \$! >>'$WORK/multi.pids'; done; wait" </dev/null >/dev/null 2>&1 &
-parent=$!
-APPS+=("$parent")
-sleep 1
-mapfile -t kids <"$WORK/multi.pids"
-ok=1
-for i in $(seq 1 "$MULTI_N"); do wait_for "$WORK/multi.$i.status" '^ready' 300 || ok=0; done
-[ $ok = 1 ] || fail "multi: applications did not start"
+start_app_tree "$MULTI_N" "$MULTI_GIB" "$WORK/multi." 300 || fail "multi: applications did not start"
 for i in $(seq 1 "$MULTI_N"); do ask_verify "${kids[$((i - 1))]}" "$WORK/multi.$i.status" >/dev/null; done
 "$CTL" --suspend --tree "$parent" --timeout 10000 --json >"$WORK/multi.suspend.json" &&
 	pass "multi: suspend --tree" || { fail "multi: suspend --tree"; cat "$WORK/multi.suspend.json"; }

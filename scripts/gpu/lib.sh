@@ -46,6 +46,23 @@ start_app() {
 	LAST_PID=$!
 }
 
+# start_app_tree N GIB STATUS_PREFIX SECONDS: starts N gpu-app processes of GIB GiB each under
+# one parent shell in its own session; the status of process i is STATUS_PREFIX$i.status. Sets
+# `parent` and `kids` (in order of i), records them for cleanup_apps, and fails if a process is
+# not ready within SECONDS.
+start_app_tree() {
+	local n=$1 gib=$2 prefix=$3 limit=$4 i ready=0
+	: >"$WORK/tree.pids"
+	setsid bash -c "for i in \$(seq 1 $n); do '$WORK/gpu-app' $gib \$i '$prefix'\$i'.status' & echo \$! >>'$WORK/tree.pids'; done; wait" </dev/null >/dev/null 2>&1 &
+	parent=$!
+	APPS+=("$parent")
+	sleep 1
+	for i in $(seq 1 "$n"); do wait_for "$prefix$i.status" '^ready' "$limit" || ready=1; done
+	mapfile -t kids <"$WORK/tree.pids"
+	APPS+=("${kids[@]}")
+	return $ready
+}
+
 # ask_verify PID STATUS: makes the application check its data; waits for the answer.
 ask_verify() {
 	local pid=$1 status=$2 before
@@ -71,7 +88,8 @@ cleanup_apps() {
 	APPS=()
 }
 
-# json_ms FILE FIELD: sum of a timing field over all processes of a cuda-checkpoint-ctl --json output.
+# json_ms FILE FIELD: the largest value of a timing field over the processes of a
+# cuda-checkpoint-ctl --json output (the concurrent processes' wall time).
 json_ms() {
 	python3 -c '
 import json, sys
