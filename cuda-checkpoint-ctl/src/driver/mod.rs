@@ -121,6 +121,8 @@ impl fmt::Display for Call {
 pub mod code {
     pub const INVALID_VALUE: u32 = 1;
     pub const OUT_OF_MEMORY: u32 = 2;
+    /// What the driver answers for a process that never initialised CUDA.
+    pub const NOT_INITIALIZED: u32 = 3;
     pub const INVALID_DEVICE: u32 = 101;
     pub const OPERATING_SYSTEM: u32 = 304;
     pub const ILLEGAL_STATE: u32 = 401;

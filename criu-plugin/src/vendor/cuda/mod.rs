@@ -83,7 +83,10 @@ fn load_real() -> Result<Box<dyn CudaSystem>, String> {
 
 /// Results that mean "this process has no CUDA state" rather than a failure.
 fn not_cuda(e: &CudaError) -> bool {
-    matches!(e.code, 3 | code::NOT_FOUND | code::OPERATING_SYSTEM)
+    matches!(
+        e.code,
+        code::NOT_INITIALIZED | code::NOT_FOUND | code::OPERATING_SYSTEM
+    )
 }
 
 fn gib(bytes: u64) -> f64 {
