@@ -100,6 +100,6 @@ int main(int argc, char **argv)
 		CK(cudaMemcpy(bad, h, 16, cudaMemcpyHostToDevice));
 		check_and_advance<<<1024, 256>>>(d, n, seed, step, bad, first);
 		CK(cudaMemcpy(h, bad, 16, cudaMemcpyDeviceToHost));
-		status("verified step=%d mismatches=%llu first_bad=%lld", step, h[0], (long long)(h[0] ? h[1] : -1));
+		status("verified step=%d mismatches=%llu first_bad=%lld", step, h[0], h[0] ? (long long)h[1] : -1LL);
 	}
 }
