@@ -1,0 +1,220 @@
+#!/bin/bash
+# Measures how the CUDA driver's checkpoint API behaves on the failure paths the CRIU plugin
+# must survive (the simulated driver copies what this prints). Each experiment has a time limit
+# and prints what it saw; nothing here asserts.
+#
+#   scripts/gpu/driver-facts.sh [OUT_DIR]       (needs nvcc, python3 and cuda-checkpoint-ctl)
+#
+# CTL: cuda-checkpoint-ctl (default: from PATH). WORK: scratch (default /tmp/driver-facts).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+CTL=${CTL:-$(command -v cuda-checkpoint-ctl)}
+WORK=${WORK:-/tmp/driver-facts}
+OUT=${1:-$WORK}
+mkdir -p "$WORK" "$OUT"
+LOG=$OUT/driver-facts.log
+: >"$LOG"
+t0=$(date +%s.%N)
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+say() { printf '[%6s] %s\n' "$(since "$t0")" "$*" | tee -a "$LOG"; }
+ctl() { # ctl ARGS...: runs the CLI, prints its output and exit status on one line
+	local out rc
+	out=$(timeout 60 "$CTL" "$@" 2>&1)
+	rc=$?
+	say "ctl $* -> rc=$rc: $(echo "$out" | tr '\n' ' ' | cut -c1-200)"
+	return $rc
+}
+state() { timeout 10 "$CTL" --get-state --pid "$1" 2>&1 | tr '\n' ' '; }
+cleanup() { pkill -9 -f "$WORK/gpu-" 2>/dev/null; pkill -9 -f "ptrace-hold" 2>/dev/null; }
+trap cleanup EXIT
+
+nvidia-smi -L | tee -a "$LOG"
+nvidia-smi --query-gpu=driver_version --format=csv,noheader | tee -a "$LOG"
+nvcc -O2 -o "$WORK/gpu-app" "$here/gpu-app.cu" || exit 1
+nvcc -O2 -o "$WORK/gpu-busy" "$here/gpu-busy.cu" || exit 1
+UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | tr -d ' ')
+BOGUS=GPU-00000000-1111-2222-3333-444444444444
+
+# start_app NAME GIB: a gpu-app holding GIB GiB; sets PID.
+start_app() {
+	local st=$WORK/$1.status
+	: >"$st"
+	setsid "$WORK/gpu-app" "$2" 7 "$st" </dev/null >/dev/null 2>&1 &
+	PID=$!
+	for _ in $(seq 600); do grep -q ^ready "$st" && break; sleep 0.1; done
+	say "$1: pid $PID ready ($(head -1 "$st"))"
+}
+verify() { # verify NAME PID: one verification step, prints it
+	local st=$WORK/$1.status n
+	n=$(grep -c verified "$st")
+	kill -USR1 "$2"
+	for _ in $(seq 300); do [ "$(grep -c verified "$st")" -gt "$n" ] && break; sleep 0.1; done
+	say "$1: $(grep verified "$st" | tail -1) state=$(state "$2")"
+}
+# hold_thread TID SECONDS: a debugger (ptrace) stops one thread for SECONDS, then lets it go.
+hold_thread() {
+	python3 - "$1" "$2" ptrace-hold <<'PY' &
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+tid, secs = int(sys.argv[1]), float(sys.argv[2])
+if libc.ptrace(0x4206, tid, 0, 0) != 0:  # PTRACE_SEIZE
+    print("seize failed", ctypes.get_errno()); sys.exit(1)
+libc.ptrace(0x4207, tid, 0, 0)  # PTRACE_INTERRUPT
+os.waitpid(tid, 0x40000000)  # __WALL
+print("holding", tid, flush=True)
+time.sleep(secs)
+libc.ptrace(17, tid, 0, 0)  # PTRACE_DETACH
+print("released", tid, flush=True)
+PY
+	HOLDER=$!
+}
+
+say "== E1: one 16 GiB process: state, a second action and a killed caller during a checkpoint"
+start_app e1 16
+ctl --action lock --pid "$PID"
+s=$(date +%s.%N)
+"$CTL" --action checkpoint --pid "$PID" >"$WORK/e1.ckpt" 2>&1 &
+C1=$!
+sleep 0.5
+say "E1 during checkpoint: state=$(state "$PID")"
+ctl --action unlock --pid "$PID"
+ctl --action restore --pid "$PID"
+ctl --action checkpoint --pid "$PID"
+ctl --get-restore-tid --pid "$PID"
+sleep 1
+kill -9 "$C1"
+say "E1 killed the checkpointing caller (pid $C1) after ~1.5 s"
+for i in $(seq 40); do
+	say "E1 t+$((i / 2)).$((i % 2 * 5)) s after kill: state=$(state "$PID")"
+	case $(state "$PID") in checkpointed* | failed* | running*) break ;; esac
+	sleep 0.5
+done
+ctl --action restore --pid "$PID"
+ctl --action unlock --pid "$PID"
+verify e1 "$PID"
+kill -9 "$PID"
+
+say "== E2: lock of a stopped process; the caller dies; the process continues later"
+start_app e2 1
+kill -STOP "$PID"
+"$CTL" --action lock --pid "$PID" --timeout 2000 >"$WORK/e2.lock" 2>&1 &
+C2=$!
+sleep 4
+say "E2 4 s after a lock with timeout 2000 ms: caller alive=$([ -d /proc/$C2 ] && echo yes || echo no) output=$(cat "$WORK/e2.lock") state=$(state "$PID")"
+ctl --action unlock --pid "$PID"
+kill -9 "$C2"
+sleep 1
+say "E2 caller killed; state=$(state "$PID")"
+kill -CONT "$PID"
+sleep 3
+say "E2 3 s after SIGCONT: state=$(state "$PID")"
+[ "$(state "$PID" | tr -d ' ')" = locked ] && ctl --action unlock --pid "$PID"
+verify e2 "$PID"
+kill -9 "$PID"
+
+say "== E3: the target dies during a checkpoint"
+start_app e3 16
+ctl --action lock --pid "$PID"
+s=$(date +%s.%N)
+( "$CTL" --action checkpoint --pid "$PID" >"$WORK/e3.ckpt" 2>&1; echo "rc=$? after $(since "$s") s" >>"$WORK/e3.ckpt" ) &
+C3=$!
+sleep 1
+kill -9 "$PID"
+say "E3 killed the target 1 s into its checkpoint"
+for _ in $(seq 300); do [ -d "/proc/$C3" ] || break; sleep 0.1; done
+say "E3 caller: alive=$([ -d /proc/$C3 ] && echo yes || echo no) $(cat "$WORK/e3.ckpt" | tr '\n' ' ')"
+kill -9 "$C3" 2>/dev/null
+
+say "== E4: lock and checkpoint while only the restore thread is held by a debugger"
+start_app e4 2
+TID=$("$CTL" --get-restore-tid --pid "$PID")
+say "E4 restore tid $TID"
+hold_thread "$TID" 6
+sleep 0.5
+s=$(date +%s.%N)
+ctl --action lock --pid "$PID" --timeout 2000
+say "E4 lock returned after $(since "$s") s; state=$(state "$PID")"
+wait "$HOLDER" 2>/dev/null
+[ "$(state "$PID" | tr -d ' ')" = running ] && ctl --action lock --pid "$PID"
+hold_thread "$TID" 6
+sleep 0.5
+s=$(date +%s.%N)
+ctl --action checkpoint --pid "$PID"
+say "E4 checkpoint returned after $(since "$s") s; state=$(state "$PID")"
+wait "$HOLDER" 2>/dev/null
+ctl --action restore --pid "$PID"
+ctl --action unlock --pid "$PID"
+verify e4 "$PID"
+kill -9 "$PID"
+
+say "== E5: device maps on a one-GPU machine ($UUID)"
+start_app e5 1
+ctl --action lock --pid "$PID"
+ctl --action checkpoint --pid "$PID"
+ctl --action restore --pid "$PID" --device-map "$UUID=$UUID"
+[ "$(state "$PID" | tr -d ' ')" = checkpointed ] && {
+	ctl --action restore --pid "$PID" --device-map "$UUID=$BOGUS"
+	ctl --action restore --pid "$PID" --device-map "$BOGUS=$UUID"
+	ctl --action restore --pid "$PID" --device-map "$UUID=$UUID,$BOGUS=$BOGUS"
+	ctl --action restore --pid "$PID"
+}
+say "E5 state=$(state "$PID")"
+ctl --action unlock --pid "$PID"
+verify e5 "$PID"
+kill -9 "$PID"
+
+say "== E6: lock of a process in a frozen cgroup (v2)"
+start_app e6 1
+CG=/sys/fs/cgroup/driver-facts-e6
+if mkdir -p "$CG" 2>/dev/null && echo "$PID" >"$CG/cgroup.procs" 2>/dev/null && echo 1 >"$CG/cgroup.freeze"; then
+	sleep 0.5
+	say "E6 frozen: $(cat "$CG/cgroup.events" | tr '\n' ' ')"
+	"$CTL" --action lock --pid "$PID" --timeout 2000 >"$WORK/e6.lock" 2>&1 &
+	C6=$!
+	sleep 5
+	say "E6 5 s after a 2000 ms lock: caller alive=$([ -d /proc/$C6 ] && echo yes || echo no) $(cat "$WORK/e6.lock") state=$(state "$PID")"
+	echo 0 >"$CG/cgroup.freeze"
+	sleep 2
+	say "E6 2 s after thawing: caller alive=$([ -d /proc/$C6 ] && echo yes || echo no) $(cat "$WORK/e6.lock") state=$(state "$PID")"
+	[ "$(state "$PID" | tr -d ' ')" = locked ] && ctl --action unlock --pid "$PID"
+	verify e6 "$PID"
+else
+	say "E6 skipped: no writable cgroup v2 here ($(stat -fc %T /sys/fs/cgroup))"
+fi
+kill -9 "$PID"
+
+say "== E7: a busy GPU (8 s kernels): state, a second lock and an unlock during a lock"
+st=$WORK/e7.status
+: >"$st"
+setsid "$WORK/gpu-busy" 256 8000 "$st" </dev/null >/dev/null 2>&1 &
+PID=$!
+for _ in $(seq 300); do grep -q ^ready "$st" && break; sleep 0.1; done
+sleep 1
+s=$(date +%s.%N)
+( "$CTL" --action lock --pid "$PID" --timeout 20000 >"$WORK/e7.lock" 2>&1; echo "rc=$? after $(since "$s") s" >>"$WORK/e7.lock" ) &
+C7=$!
+sleep 1
+say "E7 during the lock: state=$(state "$PID")"
+ctl --action lock --pid "$PID" --timeout 1000
+ctl --action unlock --pid "$PID"
+ctl --action checkpoint --pid "$PID"
+wait "$C7"
+say "E7 first lock: $(cat "$WORK/e7.lock" | tr '\n' ' ') state=$(state "$PID")"
+ctl --action unlock --pid "$PID"
+s=$(date +%s.%N)
+ctl --action lock --pid "$PID" --timeout 3000
+say "E7 a 3000 ms lock returned after $(since "$s") s; state=$(state "$PID")"
+kill -9 "$PID"
+
+say "== E8: calls on processes without CUDA, and their cost"
+sleep 100 &
+SP=$!
+ctl --get-state --pid "$SP"
+ctl --get-restore-tid --pid "$SP"
+ctl --action lock --pid "$SP"
+start_app e8 1
+s=$(date +%s.%N)
+for _ in $(seq 20); do "$CTL" --get-state --pid "$PID" >/dev/null; done
+say "E8 20 get-state execs of the CLI took $(since "$s") s"
+kill -9 "$PID" "$SP"
+say "== done"
