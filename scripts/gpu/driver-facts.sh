@@ -69,6 +69,84 @@ PY
 	HOLDER=$!
 }
 
+if [ "${PART:-1}" = 2 ]; then
+say "== E9: the caller of a checkpoint is killed while the checkpoint runs"
+start_app e9 16
+ctl --action lock --pid "$PID"
+"$CTL" --action checkpoint --pid "$PID" >"$WORK/e9.ckpt" 2>&1 &
+C9=$!
+sleep 2
+kill -9 "$C9" && say "E9 killed the checkpointing caller 2 s in"
+for i in $(seq 30); do
+	s=$(date +%s.%N)
+	st=$(timeout 3 "$CTL" --get-state --pid "$PID" 2>&1 | tr '\n' ' ')
+	say "E9 poll $i: state=$st (query took $(since "$s") s)"
+	case $st in checkpointed* | failed* | running* | locked*) break ;; esac
+done
+ctl --action restore --pid "$PID"
+ctl --action unlock --pid "$PID"
+verify e9 "$PID"
+kill -9 "$PID"
+
+say "== E10: a lock waits for a busy GPU; its caller is killed before the kernel ends"
+st=$WORK/e10.status
+: >"$st"
+setsid "$WORK/gpu-busy" 256 8000 "$st" </dev/null >/dev/null 2>&1 &
+PID=$!
+for _ in $(seq 300); do grep -q ^ready "$st" && break; sleep 0.1; done
+sleep 1
+"$CTL" --action lock --pid "$PID" --timeout 30000 >"$WORK/e10.lock" 2>&1 &
+C10=$!
+sleep 1
+kill -9 "$C10" && say "E10 killed the locking caller 1 s in"
+for i in $(seq 12); do
+	sleep 1
+	s=$(date +%s.%N)
+	say "E10 t+$i s: state=$(timeout 3 "$CTL" --get-state --pid "$PID" 2>&1 | tr '\n' ' ') (query $(since "$s") s) kernels=$(grep -c kernel "$st")"
+done
+[ "$(state "$PID" | tr -d ' ')" = locked ] && ctl --action unlock --pid "$PID"
+kill -9 "$PID"
+
+say "== E11: a lock of a stopped process whose caller dies; nothing else asked; then SIGCONT"
+start_app e11 1
+kill -STOP "$PID"
+"$CTL" --action lock --pid "$PID" --timeout 2000 >"$WORK/e11.lock" 2>&1 &
+C11=$!
+sleep 2
+kill -9 "$C11" && say "E11 killed the locking caller while the process was stopped"
+sleep 1
+kill -CONT "$PID"
+sleep 2
+say "E11 2 s after SIGCONT: state=$(state "$PID")"
+[ "$(state "$PID" | tr -d ' ')" = locked ] && ctl --action unlock --pid "$PID"
+verify e11 "$PID"
+kill -9 "$PID"
+
+say "== E12: device maps naming GPUs that are not there"
+start_app e12 1
+ctl --action lock --pid "$PID"
+ctl --action checkpoint --pid "$PID"
+ctl --action restore --pid "$PID" --device-map "$UUID=$BOGUS"
+ctl --action restore --pid "$PID" --device-map "$BOGUS=$UUID"
+ctl --action restore --pid "$PID" --device-map "$UUID=$UUID,$BOGUS=$BOGUS"
+say "E12 state=$(state "$PID")"
+ctl --action restore --pid "$PID"
+ctl --action unlock --pid "$PID"
+verify e12 "$PID"
+s=$(date +%s.%N)
+"$CTL" --action lock --pid "$PID" >/dev/null
+"$CTL" --action checkpoint --pid "$PID" >/dev/null &
+sleep 0.3
+ctl --get-restore-tid --pid "$PID"
+say "E12 get-restore-tid during a checkpoint answered after $(since "$s") s"
+wait
+ctl --action restore --pid "$PID"
+ctl --action unlock --pid "$PID"
+kill -9 "$PID"
+say "== done"
+exit 0
+fi
+
 say "== E1: one 16 GiB process: state, a second action and a killed caller during a checkpoint"
 start_app e1 16
 ctl --action lock --pid "$PID"
