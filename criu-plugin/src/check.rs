@@ -1,30 +1,48 @@
-//! The pre-restore check: runs the plugin's own restore-time checks (driver, GPUs by UUID or
-//! topology, free memory, image integrity) against a checkpoint, outside CRIU, so an operator
-//! or an orchestrator learns before restoring whether this node can take it, and why not.
+//! The pre-restore check: runs the plugin's own restore-time checks (image digests, driver,
+//! GPUs by UUID or topology, free memory) against a checkpoint, outside CRIU, so an operator or
+//! an orchestrator learns before restoring whether this node can take it, and why not.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
 
-use crate::core::{record, HookError, Host, Plugin, Released, Stage, ThreadControl};
-use crate::vendor::{self, cuda};
+use crate::backends::{self, cuda};
+use crate::core::{
+    record, FinalState, HookError, Host, Inventory, Plugin, Released, Stage, ThreadControl,
+    ThreadError,
+};
+use crate::guardian::{self, Guardian, GuardianError, Watched};
 
 struct NoThreads;
 
 impl ThreadControl for NoThreads {
-    fn release(&self, tid: i32) -> Result<Released, String> {
-        Err(format!("no thread {tid} to run outside CRIU"))
+    fn release(&self, pid: i32, tid: i32) -> Result<Released, ThreadError> {
+        Err(ThreadError::Release {
+            pid,
+            tid,
+            reason: "no thread to run outside CRIU".into(),
+        })
     }
-    fn recapture(&self, _r: Released) -> Result<(), String> {
+    fn recapture(&self, _r: &Released) -> Result<(), ThreadError> {
         Ok(())
+    }
+    fn take_signal(&self, _r: &Released) -> Option<i32> {
+        None
+    }
+    fn raise(&self, _pid: i32, _sig: i32) {}
+    fn seized_stop_signal(&self, _pid: i32) -> Option<i32> {
+        None
     }
 }
 
-/// A host with the checkpoint's directory and nothing else.
+/// A host with the checkpoint's directory, and guardians on threads of this process.
 struct CheckHost {
     dir: PathBuf,
+    guardians: Mutex<Vec<Watched>>,
 }
 
 impl Host for CheckHost {
-    fn final_state(&self) -> Option<i32> {
+    fn final_state(&self) -> Option<FinalState> {
         None
     }
     fn require_on_restore(&self, _name: &str) -> bool {
@@ -36,15 +54,44 @@ impl Host for CheckHost {
     fn image_dir(&self) -> Option<PathBuf> {
         Some(self.dir.clone())
     }
+    fn dump_root(&self) -> Option<i32> {
+        None
+    }
+    fn seize_time_left(&self) -> Option<Duration> {
+        None
+    }
     fn threads(&self) -> &dyn ThreadControl {
         &NoThreads
+    }
+    fn spawn_guardian(&self, stage: Stage) -> Result<Guardian, GuardianError> {
+        let machine = std::sync::Arc::new(guardian::machine::Real::new(None));
+        let (g, watched) = guardian::in_thread(stage, machine)?;
+        self.guardians
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(watched);
+        Ok(g)
+    }
+}
+
+/// The inventory is not read here: each backend decides from its own files.
+struct NoInventory;
+
+impl Inventory for NoInventory {
+    fn claim(&self, _name: &str) -> bool {
+        false
+    }
+    fn has_list(&self) -> bool {
+        false
     }
 }
 
 /// What a checkpoint holds for the GPUs, one line each.
 pub fn describe(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
-    if let Ok(Some(img)) = record::read::<cuda::CudaImage>(dir, cuda::RECORD, cuda::FORMAT) {
+    if let Ok(Some(img)) =
+        record::read::<cuda::CudaImage>(dir, cuda::RECORD, cuda::FORMAT, cuda::VERSION)
+    {
         for p in &img.processes {
             let gpus: Vec<String> = p
                 .gpus
@@ -94,8 +141,10 @@ pub fn describe(dir: &Path) -> Vec<String> {
 pub fn check(dir: &Path) -> Result<(), HookError> {
     let host = CheckHost {
         dir: dir.to_path_buf(),
+        guardians: Mutex::new(Vec::new()),
     };
-    let mut plugin = Plugin::new(Stage::Restore, Box::new(host), vendor::all());
-    // The inventory is not read here: each backend decides from its own files.
-    plugin.init(&|_| None)
+    let mut plugin = Plugin::new(Stage::Restore, Box::new(host), backends::all());
+    plugin.init(&NoInventory)?;
+    plugin.exit(true);
+    Ok(())
 }

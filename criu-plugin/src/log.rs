@@ -1,7 +1,13 @@
 //! Routes `tracing` events into CRIU's log, at CRIU's verbosity, prefixed with the plugin's name.
 //! Outside CRIU (tests, tools) the lines go to stderr instead.
+//!
+//! CRIU's log buffer is not thread-safe: a line logged on any other thread than CRIU's (the one
+//! that loaded the plugin) is queued and written by CRIU's thread at its next line. In a guardian
+//! process (forked from CRIU) nothing is written to CRIU's log: the guardian reports to the plugin.
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::Mutex;
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -12,6 +18,34 @@ use crate::abi::criu;
 use crate::core::NAME;
 
 struct CriuLog;
+
+/// CRIU's thread: the one that initialised the plugin (its tid equals the pid of that
+/// process: CRIU's main thread).
+static CRIU_THREAD: AtomicI32 = AtomicI32::new(0);
+static IN_GUARDIAN: AtomicBool = AtomicBool::new(false);
+static QUEUED: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
+
+fn this_thread() -> i32 {
+    rustix::thread::gettid().as_raw_nonzero().get()
+}
+
+/// Whether this is a thread other than CRIU's in CRIU's process. A process CRIU forks (a task
+/// being restored runs some hooks) has one thread, its own.
+fn off_criu_thread() -> bool {
+    let main = CRIU_THREAD.load(Ordering::Relaxed);
+    main != 0 && std::process::id() as i32 == main && this_thread() != main
+}
+
+/// Called first thing in a guardian process.
+pub fn enter_guardian() {
+    IN_GUARDIAN.store(true, Ordering::SeqCst);
+}
+
+fn write_line(level: u32, text: &str) {
+    if !criu::log(level, text) {
+        eprintln!("{text}");
+    }
+}
 
 #[derive(Default)]
 struct Line {
@@ -50,15 +84,42 @@ impl<S: Subscriber> Layer<S> for CriuLog {
             Level::INFO => (criu::LOG_INFO, ""),
             _ => (criu::LOG_DEBUG, ""),
         };
+        if IN_GUARDIAN.load(Ordering::Relaxed) {
+            return;
+        }
         // CRIU's own error lines read "Error (file:line): ..."; ours name the plugin instead.
         let text = format!("{tag}{NAME}: {}{}", line.message, line.fields);
-        if !criu::log(criu_level, &text) {
-            eprintln!("{text}");
+        let mut queue = QUEUED.lock().unwrap_or_else(|e| e.into_inner());
+        if off_criu_thread() {
+            queue.push((criu_level, text));
+            return;
         }
+        for (level, queued) in queue.drain(..) {
+            write_line(level, &queued);
+        }
+        drop(queue);
+        write_line(criu_level, &text);
     }
 }
 
-/// Installs the CRIU log as this library's tracing subscriber (once per process).
+/// Installs the CRIU log as this library's tracing subscriber (once per process), from CRIU's
+/// thread.
 pub fn init() {
+    let _ = CRIU_THREAD.compare_exchange(0, this_thread(), Ordering::SeqCst, Ordering::SeqCst);
     let _ = tracing_subscriber::registry().with(CriuLog).try_init();
+}
+
+/// Writes lines other threads queued (CRIU's thread calls this when a hook returns).
+pub fn flush() {
+    if off_criu_thread() {
+        return;
+    }
+    let lines: Vec<(u32, String)> = QUEUED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .drain(..)
+        .collect();
+    for (level, text) in lines {
+        write_line(level, &text);
+    }
 }

@@ -156,6 +156,83 @@ fn status(pid: i32) -> Option<procfs::process::Status> {
     procfs::process::Process::new(pid).ok()?.status().ok()
 }
 
+// ---- Facts about a process that checkpointing needs: whether it can run, and who holds it ----
+
+/// The start time of a process (clock ticks since boot): with the pid, it names the process
+/// (a pid can be reused, the pair cannot).
+pub fn starttime(pid: i32) -> Option<u64> {
+    Some(
+        procfs::process::Process::new(pid)
+            .ok()?
+            .stat()
+            .ok()?
+            .starttime,
+    )
+}
+
+/// An exited process not yet reaped.
+pub fn is_zombie(pid: i32) -> bool {
+    procfs::process::Process::new(pid)
+        .and_then(|p| p.stat())
+        .is_ok_and(|s| s.state == 'Z' || s.state == 'X')
+}
+
+/// A thread's scheduling state letter (`R`, `S`, `T` stopped, `t` traced, ...) and its tracer
+/// (0: none).
+pub fn thread_state(pid: i32, tid: i32) -> Option<(char, i32)> {
+    let status = procfs::process::Process::new(pid)
+        .ok()?
+        .task_from_tid(tid)
+        .ok()?
+        .status()
+        .ok()?;
+    Some((status.state.chars().next()?, status.tracerpid))
+}
+
+/// What a process has mapped, as far as checkpointing cares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Libraries {
+    /// A CUDA driver library: the process may hold CUDA state.
+    pub libcuda: bool,
+    /// NCCL: collectives with other processes may be in flight.
+    pub nccl: bool,
+}
+
+/// Reads `/proc/PID/maps` once for the libraries that matter. An unreadable map is an error:
+/// without it the process cannot be told apart from one without CUDA.
+pub fn libraries(pid: i32) -> std::io::Result<Libraries> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(Libraries {
+        libcuda: maps.contains("/libcuda.so"),
+        nccl: maps.contains("/libnccl.so") || maps.contains("/libnccl-"),
+    })
+}
+
+/// The cgroup a process is in, when that cgroup (or an ancestor) is frozen: its threads cannot
+/// run until it is thawed. cgroup v2 (`cgroup.events: frozen 1`) and v1 (`freezer.state`).
+pub fn frozen_cgroup(pid: i32) -> Option<PathBuf> {
+    let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    for line in cgroups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let rel = path.trim_start_matches('/');
+        if controllers.is_empty() {
+            let dir = Path::new(CGROUP_ROOT).join(rel);
+            let events = fs::read_to_string(dir.join("cgroup.events")).unwrap_or_default();
+            if events.lines().any(|l| l.trim() == "frozen 1") {
+                return Some(dir);
+            }
+        } else if controllers.split(',').any(|c| c == "freezer") {
+            let dir = Path::new(CGROUP_ROOT).join("freezer").join(rel);
+            let state = fs::read_to_string(dir.join("freezer.state")).unwrap_or_default();
+            if matches!(state.trim(), "FROZEN" | "FREEZING") {
+                return Some(dir);
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

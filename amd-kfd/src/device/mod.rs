@@ -3,6 +3,7 @@
 //! kernel's order and rules.
 
 pub mod real;
+#[cfg(any(test, feature = "simulation"))]
 pub mod sim;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -108,6 +109,7 @@ pub trait Kfd: Send + Sync {
 /// The KFD of this machine: the simulation when `AMD_KFD_SIM_ROOT` names one, else the
 /// kernel's if `/dev/kfd` exists.
 pub fn detect() -> Option<Box<dyn Kfd>> {
+    #[cfg(any(test, feature = "simulation"))]
     if let Some(root) = std::env::var_os(sim::ROOT_ENV) {
         return Some(Box::new(sim::SimKfd::new(root.into())));
     }

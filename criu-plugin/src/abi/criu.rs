@@ -21,10 +21,10 @@ pub const LOG_WARN: u32 = 2;
 pub const LOG_INFO: u32 = 3;
 pub const LOG_DEBUG: u32 = 4;
 
-/// `opts.final_state` values.
-pub const TASK_ALIVE: i32 = 1;
-pub const TASK_DEAD: i32 = 2;
-pub const TASK_STOPPED: i32 = 3;
+/// `opts.final_state` values (compel's task states).
+const TASK_ALIVE: i32 = 1;
+const TASK_DEAD: i32 = 2;
+const TASK_STOPPED: i32 = 3;
 
 struct Symbols {
     print_on_level: Option<PrintOnLevel>,
@@ -35,6 +35,8 @@ struct Symbols {
     criu_get_image_dir: Option<GetImageDir>,
     /// `struct cr_options opts`; `final_state` is its first field in every CRIU release.
     opts: Option<usize>,
+    /// `struct pstree_item *root_item`, set before plugins are initialised on dump.
+    root_item: Option<usize>,
 }
 
 fn lookup(name: &str) -> Option<*mut c_void> {
@@ -65,6 +67,7 @@ fn symbols() -> &'static Symbols {
                 criu_get_image_dir: lookup("criu_get_image_dir")
                     .map(|p| std::mem::transmute::<*mut c_void, GetImageDir>(p)),
                 opts: lookup("opts").map(|p| p as usize),
+                root_item: lookup("root_item").map(|p| p as usize),
             }
         }
     })
@@ -131,11 +134,80 @@ pub fn image_dir_fd() -> Option<c_int> {
     (fd >= 0).then_some(fd)
 }
 
-/// How CRIU leaves the tasks after a dump: TASK_ALIVE (--leave-running), TASK_DEAD (default)
-/// or TASK_STOPPED (--leave-stopped).
-pub fn final_state() -> Option<i32> {
+/// How CRIU leaves the tasks after a dump.
+pub fn final_state() -> Option<crate::core::FinalState> {
+    use crate::core::FinalState;
     let addr = symbols().opts?;
     // SAFETY: `opts` is CRIU's global struct cr_options, whose first field is `int final_state`
     // in every release that has plugins (checked in criu/include/cr_options.h, 3.x to 4.2).
-    Some(unsafe { std::ptr::read_volatile(addr as *const c_int) })
+    match unsafe { std::ptr::read_volatile(addr as *const c_int) } {
+        TASK_ALIVE => Some(FinalState::Alive),
+        TASK_DEAD => Some(FinalState::Dead),
+        TASK_STOPPED => Some(FinalState::Stopped),
+        _ => None,
+    }
+}
+
+/// Whether CRIU was asked for lazy pages (`--lazy-pages` on its command line). CRIU keeps the
+/// option where its layout differs between releases, so its command line is what is read; a
+/// request over RPC (swrk) is not seen.
+pub fn lazy_pages() -> bool {
+    std::fs::read("/proc/self/cmdline").is_ok_and(|c| {
+        c.split(|b| *b == 0)
+            .any(|a| a == b"--lazy-pages" || a == b"--lazy_pages")
+    })
+}
+
+/// Whether the restored image's inventory has a plugin list at all. CRIU's
+/// `check_and_remove_inventory_plugin` answers true for every name when the image has none (it
+/// was dumped by CRIU < 4.1), so a name no plugin uses tells the two cases apart. `None` when
+/// this CRIU keeps no list.
+pub fn inventory_has_plugin_list() -> Option<bool> {
+    const NOBODY: &str = "criu_gpu_no_such_plugin_probe";
+    claim_inventory_plugin(NOBODY).map(|claimed| !claimed)
+}
+
+/// The pid of the tree CRIU is about to dump (`root_item->pid->real`), known from before
+/// plugins are initialised. The layout read here, `struct pstree_item { parent; children;
+/// sibling; struct pid *pid; ... }` and `struct pid { item; pid_t real; ... }`, has not changed
+/// since CRIU 2.x (criu/include/pstree.h, pid.h); the value is checked against /proc.
+pub fn dump_root_pid() -> Option<i32> {
+    let addr = symbols().root_item?;
+    // SAFETY: `root_item` is CRIU's global `struct pstree_item *`; when non-null it points to an
+    // item CRIU allocated, whose fourth pointer-sized member (offset 40 on LP64: parent 8,
+    // children 16, sibling 16) is `struct pid *pid`, whose `real` follows one pointer. Reads only.
+    let real = unsafe {
+        let item = std::ptr::read_volatile(addr as *const *const u8);
+        if item.is_null() {
+            return None;
+        }
+        let pid = std::ptr::read_volatile(item.add(40) as *const *const u8);
+        if pid.is_null() {
+            return None;
+        }
+        std::ptr::read_volatile(pid.add(8) as *const c_int)
+    };
+    (real > 0 && std::path::Path::new(&format!("/proc/{real}")).exists()).then_some(real)
+}
+
+/// What is left of the alarm CRIU arms around seizing the tree (`--timeout`, default 10 s):
+/// PAUSE_DEVICES runs inside it, and CRIU aborts (BUG) soon after it fires. `None` when no
+/// alarm is armed.
+pub fn seize_time_left() -> Option<std::time::Duration> {
+    let mut v = libc::itimerval {
+        it_interval: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+        it_value: libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+    };
+    // SAFETY: getitimer fills the struct it is given; ITIMER_REAL is the timer alarm() arms.
+    if unsafe { libc::getitimer(libc::ITIMER_REAL, &mut v) } != 0 {
+        return None;
+    }
+    let left = std::time::Duration::new(v.it_value.tv_sec as u64, v.it_value.tv_usec as u32 * 1000);
+    (!left.is_zero()).then_some(left)
 }

@@ -11,7 +11,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use crate::core::{HookError, HookResult, Host, Plugin, Stage, ThreadControl, Verdict};
+use std::time::Duration;
+
+use crate::core::{FinalState, HookResult, Host, Inventory, Plugin, Stage, ThreadControl, Verdict};
+use crate::guardian::{Guardian, GuardianError};
 
 /// CRIU's plugin ABI version (CRIU_PLUGIN_VERSION, unchanged since 2014).
 const PLUGIN_VERSION: c_uint = 0x200;
@@ -74,7 +77,7 @@ struct CriuHost {
 }
 
 impl Host for CriuHost {
-    fn final_state(&self) -> Option<i32> {
+    fn final_state(&self) -> Option<FinalState> {
         criu::final_state()
     }
     fn require_on_restore(&self, name: &str) -> bool {
@@ -90,8 +93,33 @@ impl Host for CriuHost {
     fn image_dir(&self) -> Option<PathBuf> {
         criu::image_dir_fd().map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")))
     }
+    fn dump_root(&self) -> Option<i32> {
+        criu::dump_root_pid()
+    }
+    fn seize_time_left(&self) -> Option<Duration> {
+        criu::seize_time_left()
+    }
     fn threads(&self) -> &dyn ThreadControl {
         &ptrace::Ptrace
+    }
+    fn spawn_guardian(&self, stage: Stage) -> Result<Guardian, GuardianError> {
+        // The guardian keeps its own handle on the image directory, for its log.
+        let dir = self
+            .image_dir()
+            .and_then(|d| std::fs::File::open(d).ok().map(std::os::fd::OwnedFd::from));
+        Guardian::fork(stage, dir)
+    }
+}
+
+/// The inventory of the image CRIU restores, through CRIU's own functions.
+struct CriuInventory;
+
+impl Inventory for CriuInventory {
+    fn claim(&self, name: &str) -> bool {
+        criu::claim_inventory_plugin(name).unwrap_or(false)
+    }
+    fn has_list(&self) -> bool {
+        criu::inventory_has_plugin_list().unwrap_or(false)
     }
 }
 
@@ -104,23 +132,25 @@ fn with_plugin(hook: &str, f: impl FnOnce(&mut Plugin) -> HookResult<c_int>) -> 
             None => Ok(Verdict::NotMine),
         }
     }));
-    match result {
+    let code = match result {
         Ok(Ok(Verdict::Done(v))) => v,
         Ok(Ok(Verdict::NotMine)) => -ENOTSUP,
-        Ok(Err(HookError(msg))) => {
-            tracing::error!("{hook}: {msg}");
+        Ok(Err(e)) => {
+            tracing::error!("{hook}: {e}");
             -1
         }
         Err(_) => {
             tracing::error!("{hook}: internal error (panic); treated as a failure");
             -1
         }
-    }
+    };
+    crate::log::flush();
+    code
 }
 
 extern "C" fn init(stage: c_int) -> c_int {
     crate::log::init();
-    crate::core::config::export_file_settings();
+    crate::core::settings::export_file_settings();
     let r = catch_unwind(|| {
         let Some(stage) = Stage::from_raw(stage) else {
             return Ok(());
@@ -128,13 +158,13 @@ extern "C" fn init(stage: c_int) -> c_int {
         let host = CriuHost {
             required: Mutex::new(Vec::new()),
         };
-        let mut plugin = Plugin::new(stage, Box::new(host), crate::vendor::all());
-        plugin.init(&criu::claim_inventory_plugin)?;
+        let mut plugin = Plugin::new(stage, Box::new(host), crate::backends::all());
+        plugin.init(&CriuInventory)?;
         *PLUGIN.lock().unwrap_or_else(|e| e.into_inner()) = Some(plugin);
         tracing::debug!(?stage, "initialised");
-        Ok::<(), HookError>(())
+        Ok::<(), crate::core::HookError>(())
     });
-    match r {
+    let code = match r {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {
             tracing::error!("{e}");
@@ -144,7 +174,9 @@ extern "C" fn init(stage: c_int) -> c_int {
             tracing::error!("internal error (panic) in init");
             -1
         }
-    }
+    };
+    crate::log::flush();
+    code
 }
 
 extern "C" fn exit(_stage: c_int, ret: c_int) {
@@ -154,6 +186,7 @@ extern "C" fn exit(_stage: c_int, ret: c_int) {
             p.exit(ret == 0);
         }
     });
+    crate::log::flush();
 }
 
 extern "C" fn pause_devices(pid: c_int) -> c_int {

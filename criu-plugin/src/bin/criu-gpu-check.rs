@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use criu_gpu_plugin::{check, core::config};
+use criu_gpu_plugin::{check, core::settings};
 
 fn image_dir(root: &Path) -> Option<PathBuf> {
     let is_dir = |p: &Path| {
@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         eprintln!("usage: criu-gpu-check CHECKPOINT_DIR_OR_ARCHIVE");
         return ExitCode::from(2);
     };
-    config::export_file_settings();
+    settings::export_file_settings();
     let path = Path::new(path);
     let scratch;
     let root = if path.is_file() {

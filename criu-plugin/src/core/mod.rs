@@ -1,18 +1,26 @@
-//! The plugin's logic, free of the C ABI: CRIU's stages, the vendor backends behind one trait,
-//! and the dispatch rule CRIU itself applies (the first backend that does not answer "not mine"
-//! handles the call).
+//! The plugin's rules, free of the C ABI: CRIU's stages, the backends behind one trait, the
+//! dispatch rule CRIU itself applies (the first backend that does not answer "not mine" handles
+//! the call), and what CRIU offers a backend ([`Host`]).
 
-pub mod config;
+pub mod digest;
+pub mod error;
 pub mod record;
+pub mod settings;
+pub mod threads;
 
 use std::os::fd::{BorrowedFd, RawFd};
 use std::path::PathBuf;
+use std::time::Duration;
 
-/// The plugin's name: CRIU's descriptor name, the inventory entry, the log prefix.
+pub use self::error::HookError;
+pub use self::settings::Settings;
+pub use self::threads::{Released, ThreadControl, ThreadError, ThreadWindow};
+
+/// The plugin's name: CRIU's descriptor name, the inventory entry prefix, the log prefix.
 pub const NAME: &str = "criu_gpu";
 
 /// The CRIU command the plugin was loaded for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Stage {
     Dump,
     PreDump,
@@ -30,6 +38,17 @@ impl Stage {
     }
 }
 
+/// How CRIU leaves the dumped tasks (`opts.final_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinalState {
+    /// `--leave-running`.
+    Alive,
+    /// The default: CRIU kills the tasks after a successful dump.
+    Dead,
+    /// `--leave-stopped`.
+    Stopped,
+}
+
 /// What a backend answers to a hook.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict<T = ()> {
@@ -39,61 +58,49 @@ pub enum Verdict<T = ()> {
     NotMine,
 }
 
-/// A failed hook. The message is the operator's: what went wrong, what state things were left
-/// in, and what to do.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct HookError(pub String);
-
-impl HookError {
-    pub fn new(msg: impl Into<String>) -> HookError {
-        HookError(msg.into())
-    }
-}
-
 pub type HookResult<T = ()> = Result<Verdict<T>, HookError>;
-
-/// A thread let go by [`ThreadControl::release`], to be stopped again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Released {
-    pub tid: i32,
-    /// The thread's signal mask before, when it was ptrace-stopped by us; `None` when it was not
-    /// stopped and so needs no recapture.
-    pub saved_mask: Option<u64>,
-}
-
-/// Running one thread of a stopped task (the GPU driver's helper thread).
-pub trait ThreadControl {
-    fn release(&self, tid: i32) -> Result<Released, String>;
-    fn recapture(&self, r: Released) -> Result<(), String>;
-}
 
 /// What the hosting CRIU offers a backend.
 pub trait Host {
-    /// `opts.final_state` (see `abi::criu`); `None` when it cannot be read.
-    fn final_state(&self) -> Option<i32>;
-    /// Records in the image's inventory that restoring it needs `name` (a backend's name,
-    /// once per dump): CRIU then refuses to restore without this plugin.
+    fn final_state(&self) -> Option<FinalState>;
+    /// Records in the image's inventory that restoring it needs `name` (a backend's inventory
+    /// name, once per dump): CRIU then refuses to restore the image without this plugin.
     fn require_on_restore(&self, name: &str) -> bool;
     /// Makes CRIU seize with ptrace only (no freezer), so GPU drivers act on running tasks.
+    /// Only for trees that hold GPU state: it changes how CRIU dumps the whole tree.
     fn use_interrupt_only_seizing(&self) -> bool;
     /// The image directory, as a path.
     fn image_dir(&self) -> Option<PathBuf>;
+    /// The root of the tree being dumped, known from `init` on.
+    fn dump_root(&self) -> Option<i32>;
+    /// What is left of CRIU's alarm around seizing the tree (PAUSE_DEVICES runs inside it).
+    fn seize_time_left(&self) -> Option<Duration>;
+    /// CRIU's own pid: the tracer of the seized tasks, the process a guardian watches.
+    fn criu_pid(&self) -> i32 {
+        std::process::id() as i32
+    }
     fn threads(&self) -> &dyn ThreadControl;
+    /// Starts the guardian process for this command (see [`crate::guardian`]).
+    fn spawn_guardian(
+        &self,
+        stage: Stage,
+    ) -> Result<crate::guardian::Guardian, crate::guardian::GuardianError>;
 }
 
 /// What the image's inventory said about a backend at restore.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Claims {
-    /// Whether the image lists the backend's inventory name; `None` for CRIU < 4.1, which
-    /// keeps no list.
-    pub ours: Option<bool>,
+    /// The image lists the backend's inventory name.
+    pub ours: bool,
+    /// The image has a plugin list at all (dumped by CRIU >= 4.1); without one CRIU cannot say
+    /// which plugins an image needs, and the backend decides from its own files.
+    pub listed: bool,
     /// Other plugin names the backend asked for and the image listed (e.g. "cuda_plugin").
     pub others: Vec<String>,
 }
 
 /// A GPU vendor's backend. Every hook defaults to "not mine".
-pub trait Vendor: Send {
+pub trait Backend: Send {
     fn name(&self) -> &'static str;
 
     /// The name the backend writes into the image's inventory when the image holds its state
@@ -105,8 +112,8 @@ pub trait Vendor: Send {
         &[]
     }
 
-    /// Called once per CRIU command. An error fails the command: only for restores that cannot
-    /// succeed, so that nothing is started.
+    /// Called once per CRIU command. An error fails the command: only for commands that cannot
+    /// succeed (a restore that would fail), so that nothing is started.
     fn init(&mut self, host: &dyn Host, stage: Stage, claims: &Claims) -> Result<(), HookError>;
 
     /// Called at the end with CRIU's overall result; dumps undo what they did on failure.
@@ -145,37 +152,53 @@ pub trait Vendor: Send {
     }
 }
 
+/// How the inventory of the image being restored answers for a plugin name.
+pub trait Inventory {
+    /// Takes `name` off the image's list (CRIU fails a restore whose list names a plugin nobody
+    /// claimed): whether the image listed it.
+    fn claim(&self, name: &str) -> bool;
+    /// Whether the image has a plugin list at all.
+    fn has_list(&self) -> bool;
+}
+
 /// The plugin for one CRIU command: the host and the backends.
 pub struct Plugin {
     pub stage: Stage,
     host: Box<dyn Host + Send>,
-    vendors: Vec<Box<dyn Vendor>>,
+    backends: Vec<Box<dyn Backend>>,
 }
 
 impl Plugin {
-    pub fn new(stage: Stage, host: Box<dyn Host + Send>, vendors: Vec<Box<dyn Vendor>>) -> Plugin {
+    pub fn new(
+        stage: Stage,
+        host: Box<dyn Host + Send>,
+        backends: Vec<Box<dyn Backend>>,
+    ) -> Plugin {
         Plugin {
             stage,
             host,
-            vendors,
+            backends,
         }
     }
 
-    /// Initialises every backend; `claim` takes a plugin name off the restored image's
-    /// inventory (CRIU fails a restore whose inventory names a plugin nobody claimed).
-    pub fn init(&mut self, claim: &dyn Fn(&str) -> Option<bool>) -> Result<(), HookError> {
-        for v in &mut self.vendors {
-            let mut claims = Claims::default();
+    /// Initialises every backend, telling each on restore what the inventory says of it.
+    pub fn init(&mut self, inventory: &dyn Inventory) -> Result<(), HookError> {
+        let listed = self.stage == Stage::Restore && inventory.has_list();
+        for b in &mut self.backends {
+            let mut claims = Claims {
+                listed,
+                ..Claims::default()
+            };
             if self.stage == Stage::Restore {
-                claims.ours = claim(v.inventory_name());
-                for other in v.compatible_plugins() {
-                    if claim(other) == Some(true) {
+                claims.ours = inventory.claim(b.inventory_name());
+                for other in b.compatible_plugins() {
+                    if inventory.claim(other) && listed {
                         claims.others.push(other.to_string());
                     }
                 }
             }
-            v.init(self.host.as_ref(), self.stage, &claims)
-                .map_err(|e| HookError(format!("{}: {e}", v.name())))?;
+            b.init(self.host.as_ref(), self.stage, &claims)
+                .map_err(|e| e.in_backend(b.name()))?;
         }
         Ok(())
     }
@@ -183,12 +206,12 @@ impl Plugin {
     /// Runs a hook through the backends in order, as CRIU's own plugin chain does.
     pub fn dispatch<T>(
         &mut self,
-        mut f: impl FnMut(&mut dyn Vendor, &dyn Host) -> HookResult<T>,
+        mut f: impl FnMut(&mut dyn Backend, &dyn Host) -> HookResult<T>,
     ) -> HookResult<T> {
-        for v in &mut self.vendors {
-            match f(v.as_mut(), self.host.as_ref()) {
+        for b in &mut self.backends {
+            match f(b.as_mut(), self.host.as_ref()) {
                 Ok(Verdict::NotMine) => continue,
-                Err(e) => return Err(HookError(format!("{}: {e}", v.name()))),
+                Err(e) => return Err(e.in_backend(b.name())),
                 done => return done,
             }
         }
@@ -196,86 +219,23 @@ impl Plugin {
     }
 
     pub fn exit(&mut self, success: bool) {
-        for v in &mut self.vendors {
-            v.exit(self.host.as_ref(), self.stage, success);
+        for b in &mut self.backends {
+            b.exit(self.host.as_ref(), self.stage, success);
         }
     }
 }
 
 #[cfg(test)]
-pub mod testing {
-    //! A host for tests of the logic without CRIU.
-    use super::*;
-    use std::sync::Mutex;
-
-    #[derive(Default)]
-    pub struct FakeThreads {
-        pub log: Mutex<Vec<String>>,
-    }
-
-    impl ThreadControl for FakeThreads {
-        fn release(&self, tid: i32) -> Result<Released, String> {
-            self.log.lock().unwrap().push(format!("release {tid}"));
-            Ok(Released {
-                tid,
-                saved_mask: Some(0),
-            })
-        }
-        fn recapture(&self, r: Released) -> Result<(), String> {
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("recapture {}", r.tid));
-            Ok(())
-        }
-    }
-
-    pub struct FakeHost {
-        pub final_state: Option<i32>,
-        pub image_dir: Option<PathBuf>,
-        pub required: Mutex<Vec<String>>,
-        pub threads: FakeThreads,
-    }
-
-    impl FakeHost {
-        pub fn new(image_dir: Option<PathBuf>) -> FakeHost {
-            FakeHost {
-                final_state: Some(crate::abi::criu::TASK_DEAD),
-                image_dir,
-                required: Mutex::new(Vec::new()),
-                threads: FakeThreads::default(),
-            }
-        }
-    }
-
-    impl Host for FakeHost {
-        fn final_state(&self) -> Option<i32> {
-            self.final_state
-        }
-        fn require_on_restore(&self, name: &str) -> bool {
-            self.required.lock().unwrap().push(name.to_owned());
-            true
-        }
-        fn use_interrupt_only_seizing(&self) -> bool {
-            true
-        }
-        fn image_dir(&self) -> Option<PathBuf> {
-            self.image_dir.clone()
-        }
-        fn threads(&self) -> &dyn ThreadControl {
-            &self.threads
-        }
-    }
-}
+pub mod testing;
 
 #[cfg(test)]
 mod tests {
     use super::testing::FakeHost;
     use super::*;
 
-    struct V(&'static str, i32);
+    struct B(&'static str, i32);
 
-    impl Vendor for V {
+    impl Backend for B {
         fn name(&self) -> &'static str {
             self.0
         }
@@ -294,9 +254,20 @@ mod tests {
         fn pause_devices(&mut self, _h: &dyn Host, pid: i32) -> HookResult {
             match pid {
                 p if p == self.1 => Ok(Verdict::Done(())),
-                -1 => Err(HookError::new("broken")),
+                -1 => Err(HookError::Backend("broken".into())),
                 _ => Ok(Verdict::NotMine),
             }
+        }
+    }
+
+    struct Inv(Vec<&'static str>, bool);
+
+    impl Inventory for Inv {
+        fn claim(&self, name: &str) -> bool {
+            !self.1 || self.0.contains(&name)
+        }
+        fn has_list(&self) -> bool {
+            self.1
         }
     }
 
@@ -304,33 +275,40 @@ mod tests {
         Plugin::new(
             stage,
             Box::new(FakeHost::new(None)),
-            vec![Box::new(V("a", 1)), Box::new(V("b", 2))],
+            vec![Box::new(B("a", 1)), Box::new(B("b", 2))],
         )
     }
 
     #[test]
     fn first_backend_that_handles_a_call_wins() {
         let mut p = plugin(Stage::Dump);
-        p.init(&|_| None).unwrap();
+        p.init(&Inv(vec![], true)).unwrap();
         assert_eq!(
-            p.dispatch(|v, h| v.pause_devices(h, 2)),
+            p.dispatch(|b, h| b.pause_devices(h, 2)),
             Ok(Verdict::Done(()))
         );
         assert_eq!(
-            p.dispatch(|v, h| v.pause_devices(h, 3)),
+            p.dispatch(|b, h| b.pause_devices(h, 3)),
             Ok(Verdict::NotMine)
         );
-        let err = p.dispatch(|v, h| v.pause_devices(h, -1)).unwrap_err();
-        assert_eq!(err.0, "a: broken", "errors name the backend");
+        let err = p.dispatch(|b, h| b.pause_devices(h, -1)).unwrap_err();
+        assert_eq!(err.to_string(), "a: broken", "errors name the backend");
     }
 
     #[test]
-    fn restore_claims_compatible_plugin_names() {
+    fn restore_claims_compatible_plugin_names_only_from_a_real_list() {
         let mut p = plugin(Stage::Restore);
-        p.init(&|name| Some(name == "old_plugin")).unwrap();
+        p.init(&Inv(vec!["old_plugin"], true)).unwrap();
         assert_eq!(
-            p.dispatch(|v, h| v.pause_devices(h, 100)),
+            p.dispatch(|b, h| b.pause_devices(h, 100)),
             Ok(Verdict::Done(()))
+        );
+        // CRIU < 4.1 images have no list: every claim "succeeds", none may be believed.
+        let mut p = plugin(Stage::Restore);
+        p.init(&Inv(vec![], false)).unwrap();
+        assert_eq!(
+            p.dispatch(|b, h| b.pause_devices(h, 100)),
+            Ok(Verdict::NotMine)
         );
     }
 }

@@ -7,11 +7,24 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::HookError;
-
 /// Larger files are refused: no record is anywhere near this.
 pub const MAX_RECORD: u64 = 16 << 20;
-pub const VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot encode {name}: {reason}")]
+    Encode { name: String, reason: String },
+    #[error("cannot write {name} into the image directory: {source}")]
+    Write {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "the plugin image {path} is unusable ({why}); the checkpoint is incomplete or damaged: \
+         copy the image directory again from its source"
+    )]
+    Unusable { path: String, why: String },
+}
 
 #[derive(Serialize, Deserialize)]
 struct Envelope<T> {
@@ -33,22 +46,28 @@ pub fn write<T: Serialize>(
     dir: &Path,
     name: &str,
     format: &str,
+    version: u32,
     body: &T,
-) -> Result<(), HookError> {
-    let body_bytes =
-        serde_json::to_vec(body).map_err(|e| HookError(format!("encoding {name}: {e}")))?;
+) -> Result<(), RecordError> {
+    let encode = |e: serde_json::Error| RecordError::Encode {
+        name: name.to_owned(),
+        reason: e.to_string(),
+    };
+    let body_bytes = serde_json::to_vec(body).map_err(encode)?;
     let env = Envelope {
         format: format.to_owned(),
-        version: VERSION,
+        version,
         fnv64: fnv64(&body_bytes),
         body,
     };
-    let text =
-        serde_json::to_vec_pretty(&env).map_err(|e| HookError(format!("encoding {name}: {e}")))?;
+    let text = serde_json::to_vec_pretty(&env).map_err(encode)?;
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, dir.join(name)))
-        .map_err(|e| HookError(format!("writing {} into the image directory: {e}", name)))
+        .map_err(|source| RecordError::Write {
+            name: name.to_owned(),
+            source,
+        })
 }
 
 /// Reads `dir/name`; `Ok(None)` if it does not exist.
@@ -56,14 +75,12 @@ pub fn read<T: Serialize + DeserializeOwned>(
     dir: &Path,
     name: &str,
     format: &str,
-) -> Result<Option<T>, HookError> {
+    version: u32,
+) -> Result<Option<T>, RecordError> {
     let path = dir.join(name);
-    let corrupt = |why: String| {
-        HookError(format!(
-            "the plugin image {} is unusable ({why}); the checkpoint is incomplete or damaged: \
-             copy the image directory again from its source",
-            path.display()
-        ))
+    let corrupt = |why: String| RecordError::Unusable {
+        path: path.display().to_string(),
+        why,
     };
     let meta = match std::fs::metadata(&path) {
         Ok(m) => m,
@@ -85,9 +102,9 @@ pub fn read<T: Serialize + DeserializeOwned>(
             env.format
         )));
     }
-    if env.version != VERSION {
+    if env.version != version {
         return Err(corrupt(format!(
-            "version {} written by another release of the plugin; this one reads version {VERSION}",
+            "version {} written by another release of the plugin; this one reads version {version}",
             env.version
         )));
     }
@@ -120,13 +137,13 @@ mod tests {
     #[test]
     fn round_trip_and_absence() {
         let d = tempfile::tempdir().unwrap();
-        write(d.path(), "r.json", "test", &body()).unwrap();
+        write(d.path(), "r.json", "test", 1, &body()).unwrap();
         assert_eq!(
-            read::<Body>(d.path(), "r.json", "test").unwrap(),
+            read::<Body>(d.path(), "r.json", "test", 1).unwrap(),
             Some(body())
         );
         assert_eq!(
-            read::<Body>(d.path(), "missing.json", "test").unwrap(),
+            read::<Body>(d.path(), "missing.json", "test", 1).unwrap(),
             None
         );
     }
@@ -134,28 +151,28 @@ mod tests {
     #[test]
     fn damage_is_detected() {
         let d = tempfile::tempdir().unwrap();
-        write(d.path(), "r.json", "test", &body()).unwrap();
+        write(d.path(), "r.json", "test", 1, &body()).unwrap();
         let p = d.path().join("r.json");
         let text = std::fs::read_to_string(&p).unwrap();
         // An edit that keeps the JSON valid is caught by the checksum.
         std::fs::write(&p, text.replace("\"x\"", "\"y\"")).unwrap();
-        let e = read::<Body>(d.path(), "r.json", "test").unwrap_err();
-        assert!(e.0.contains("checksum mismatch"), "{e}");
+        let e = read::<Body>(d.path(), "r.json", "test", 1).unwrap_err();
+        assert!(e.to_string().contains("checksum mismatch"), "{e}");
         std::fs::write(&p, &text[..text.len() / 2]).unwrap();
-        assert!(read::<Body>(d.path(), "r.json", "test")
+        assert!(read::<Body>(d.path(), "r.json", "test", 1)
             .unwrap_err()
-            .0
+            .to_string()
             .contains("not valid JSON"));
         std::fs::write(&p, &text).unwrap();
-        assert!(read::<Body>(d.path(), "r.json", "other")
+        assert!(read::<Body>(d.path(), "r.json", "other", 1)
             .unwrap_err()
-            .0
+            .to_string()
             .contains("format"));
         let f = std::fs::File::create(&p).unwrap();
         f.set_len(MAX_RECORD + 1).unwrap();
-        assert!(read::<Body>(d.path(), "r.json", "test")
+        assert!(read::<Body>(d.path(), "r.json", "test", 1)
             .unwrap_err()
-            .0
+            .to_string()
             .contains("allowed"));
     }
 }

@@ -20,8 +20,7 @@ use amd_kfd::image::{self, ImageReader};
 use amd_kfd::topology::{map_gpus, Checks, Topology};
 use amd_kfd::vma::Remaps;
 
-use crate::abi::criu::TASK_DEAD;
-use crate::core::{Claims, HookError, HookResult, Host, Stage, Vendor, Verdict};
+use crate::core::{Backend, Claims, FinalState, HookError, HookResult, Host, Stage, Verdict};
 
 /// This backend's entry in the image's inventory.
 pub const INVENTORY_NAME: &str = "criu_gpu_amd";
@@ -48,12 +47,16 @@ pub struct Amd {
     render_fds: Vec<OwnedFd>,
 }
 
+fn msg(text: &str) -> HookError {
+    HookError::Backend(text.to_owned())
+}
+
 fn err(e: impl std::fmt::Display) -> HookError {
-    HookError(e.to_string())
+    HookError::Backend(e.to_string())
 }
 
 fn checks() -> Result<Checks, HookError> {
-    Checks::from_env(|k| std::env::var(k).ok()).map_err(HookError)
+    Checks::from_env(|k| std::env::var(k).ok()).map_err(HookError::Backend)
 }
 
 impl Amd {
@@ -100,8 +103,8 @@ impl Amd {
             .image_dir()
             .map(|d| Amd::images(&d))
             .unwrap_or_default();
-        if claims.ours == Some(true) && images.is_empty() {
-            return Err(HookError::new(
+        if claims.ours && images.is_empty() {
+            return Err(msg(
                 "the image's inventory says it holds AMD GPU state (criu_gpu_amd) but no \
                  amdgpu-kfd-*.img is in the image directory: copy the checkpoint again",
             ));
@@ -110,7 +113,7 @@ impl Amd {
             return Ok(());
         }
         let kfd = (self.detect)().ok_or_else(|| {
-            HookError::new(
+            msg(
                 "the checkpoint holds AMD GPU state but this machine has no /dev/kfd: load the \
                  amdgpu driver (or restore on a machine with AMD GPUs)",
             )
@@ -121,7 +124,7 @@ impl Amd {
         for p in &images {
             let img = ImageReader::open(p).map_err(err)?;
             let m = map_gpus(&img.meta.topology, &local, &checks)
-                .map_err(|e| HookError(format!("{}: {e}", p.display())))?;
+                .map_err(|e| HookError::Backend(format!("{}: {e}", p.display())))?;
             tracing::info!(
                 "{}: process {} with {} GPU(s) -> {}",
                 p.file_name().and_then(|n| n.to_str()).unwrap_or("?"),
@@ -143,11 +146,11 @@ impl Amd {
         let kfd = self.kfd.as_deref().expect("checked");
         let dir = host
             .image_dir()
-            .ok_or_else(|| HookError::new("CRIU's image directory is not available"))?;
+            .ok_or_else(|| msg("CRIU's image directory is not available"))?;
         let local = Amd::local_topology(kfd)?;
         let start = Instant::now();
         let d = amd_kfd::dump::dump(kfd, fd, id, &dir, &local).map_err(|e| {
-            HookError(format!(
+            HookError::Backend(format!(
                 "dumping the KFD state (file {id}): {e}; the dump is abandoned"
             ))
         })?;
@@ -161,7 +164,7 @@ impl Amd {
         );
         let keep = fd
             .try_clone_to_owned()
-            .map_err(|e| HookError(format!("keeping the KFD file: {e}")))?;
+            .map_err(|e| HookError::Backend(format!("keeping the KFD file: {e}")))?;
         self.paused.push(Paused {
             fd: keep,
             pid: d.pid,
@@ -182,7 +185,7 @@ impl Amd {
             .unwrap_or(FD_BASE);
         let start = Instant::now();
         let r = amd_kfd::restore::restore(kfd, &img, &local, &checks()?, base)
-            .map_err(|e| HookError(format!("restoring {}: {e}", path.display())))?;
+            .map_err(|e| HookError::Backend(format!("restoring {}: {e}", path.display())))?;
         tracing::info!(
             "restored KFD state of process {} ({:.2} GiB of buffers) in {:.2} s",
             img.meta.pid,
@@ -201,7 +204,7 @@ impl Default for Amd {
     }
 }
 
-impl Vendor for Amd {
+impl Backend for Amd {
     fn name(&self) -> &'static str {
         "amd"
     }
@@ -227,7 +230,7 @@ impl Vendor for Amd {
         if stage != Stage::Dump || self.paused.is_empty() {
             return;
         }
-        let lives_on = !success || host.final_state() != Some(TASK_DEAD);
+        let lives_on = !success || host.final_state() != Some(FinalState::Dead);
         let kfd = self.kfd.as_deref().expect("paused implies a KFD");
         for p in self.paused.drain(..) {
             if lives_on {
@@ -257,7 +260,7 @@ impl Vendor for Amd {
             // A render node holds no state of its own here; restore reopens it.
             let dir = host
                 .image_dir()
-                .ok_or_else(|| HookError::new("CRIU's image directory is not available"))?;
+                .ok_or_else(|| msg("CRIU's image directory is not available"))?;
             std::fs::write(
                 dir.join(format!("amdgpu-render-{id}.txt")),
                 format!("{minor}\n"),
@@ -281,10 +284,9 @@ impl Vendor for Amd {
         }
         let render = dir.join(format!("amdgpu-render-{id}.txt"));
         if let Ok(text) = std::fs::read_to_string(&render) {
-            let minor: u32 = text
-                .trim()
-                .parse()
-                .map_err(|_| HookError(format!("{}: not a render minor", render.display())))?;
+            let minor: u32 = text.trim().parse().map_err(|_| {
+                HookError::Backend(format!("{}: not a render minor", render.display()))
+            })?;
             let fd = self
                 .kfd
                 .as_deref()
@@ -337,7 +339,7 @@ impl Vendor for Amd {
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGKILL,
                 );
-                Err(HookError(format!(
+                Err(HookError::Backend(format!(
                     "resuming process {pid} on its GPUs failed ({e}); it was killed so that criu \
                      reports the failure: the images are unchanged"
                 )))

@@ -9,7 +9,6 @@ use amd_kfd::topology::fixture;
 use amd_kfd::uapi::alloc;
 
 use super::*;
-use crate::abi::criu::TASK_ALIVE;
 use crate::core::testing::FakeHost;
 
 struct Machine {
@@ -86,7 +85,7 @@ fn dump_pauses_until_the_end_and_unpauses_when_the_process_lives_on() {
     assert_eq!(*host.required.lock().unwrap(), ["criu_gpu_amd"]);
     let k = SimKfd::new(m.root.clone());
     assert!(k.load(std::process::id()).unwrap().paused);
-    host.final_state = Some(TASK_ALIVE);
+    host.final_state = Some(crate::core::FinalState::Alive);
     a.exit(&host, Stage::Dump, true);
     assert!(
         !k.load(std::process::id()).unwrap().paused,
@@ -105,7 +104,8 @@ fn restore_checks_images_up_front_then_restores_in_the_task() {
     a.exit(&host, Stage::Dump, true);
     drop(fd);
     let claims = Claims {
-        ours: Some(true),
+        ours: true,
+        listed: true,
         others: vec![],
     };
     // A machine with two GPUs cannot take a one-GPU process: refused in init.
@@ -117,7 +117,10 @@ fn restore_checks_images_up_front_then_restores_in_the_task() {
     let e = backend(&two)
         .init(&host, Stage::Restore, &claims)
         .unwrap_err();
-    assert!(e.0.contains("the checkpoint used 1 GPU(s) but 2"), "{e}");
+    assert!(
+        e.to_string().contains("the checkpoint used 1 GPU(s) but 2"),
+        "{e}"
+    );
 
     // On the right machine: the restored process (this one, after "dying") gets its state back.
     let me = std::process::id();
@@ -166,20 +169,21 @@ fn broken_or_missing_images_are_refused_before_restoring() {
     let m = machine();
     let host = FakeHost::new(Some(m.images.clone()));
     let claims = Claims {
-        ours: Some(true),
+        ours: true,
+        listed: true,
         others: vec![],
     };
     let e = backend(&m)
         .init(&host, Stage::Restore, &claims)
         .unwrap_err();
-    assert!(e.0.contains("no amdgpu-kfd-*.img"), "{e}");
+    assert!(e.to_string().contains("no amdgpu-kfd-*.img"), "{e}");
     std::fs::write(m.images.join("amdgpu-kfd-1.img"), [b'x'; 64]).unwrap();
     let e = backend(&m)
         .init(&host, Stage::Restore, &claims)
         .unwrap_err();
-    assert!(e.0.contains("bad magic"), "{e}");
+    assert!(e.to_string().contains("bad magic"), "{e}");
     let e = Amd::with_detect(Box::new(|| None))
         .init(&host, Stage::Restore, &Claims::default())
         .unwrap_err();
-    assert!(e.0.contains("no /dev/kfd"), "{e}");
+    assert!(e.to_string().contains("no /dev/kfd"), "{e}");
 }

@@ -1,53 +1,49 @@
-//! What the CUDA part of a checkpoint records about its GPUs, and the check before a restore:
-//! does this machine have the GPUs (or the ones the operator maps them to) and the free memory?
-//! Pure functions over the record and NVML's inventory.
+//! Where a checkpoint's GPU state goes on restore: does this machine have the GPUs (or the ones
+//! the operator maps them to) and the free memory, and the complete map the driver needs. Pure
+//! functions over the record and NVML's inventory.
+//!
+//! The driver (r580) takes a restore map only if it names every GPU it saw at checkpoint time, as
+//! a permutation, even for a process that used one GPU (docs/driver-facts.md): so any move is
+//! completed into such a map, and a machine with fewer GPUs than the checkpoint's cannot take a
+//! moved restore.
 
 use std::collections::BTreeMap;
 
-use cuda_checkpoint_ctl::driver::{DeviceMap, DriverInfo, GpuUuid, ProcessState};
+use cuda_checkpoint_ctl::driver::{DeviceMap, GpuUuid, ProcessState};
 use cuda_checkpoint_ctl::inventory::{Gpu, Inventory};
-use serde::{Deserialize, Serialize};
 
-use crate::core::config::GpuPlacement;
+use super::image::{CudaImage, ProcessRecord};
 
-/// The file in the image directory.
-pub const RECORD: &str = "gpu-cuda.json";
-pub const FORMAT: &str = "criu-gpu/cuda";
-
-/// The CUDA part of a checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CudaImage {
-    pub driver: DriverInfo,
-    /// NVML's driver version of the dumping machine, when known.
-    pub driver_version: Option<String>,
-    /// The dumping machine's GPUs.
-    pub gpus: Vec<Gpu>,
-    pub processes: Vec<ProcessRecord>,
+/// How restore chooses GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum GpuPlacement {
+    /// The GPUs of the checkpoint, by UUID.
+    #[default]
+    Same,
+    /// Same UUID where present, else a free GPU of the same model with room.
+    Auto,
+    /// The operator's pairs (completed into a full map).
+    Map(DeviceMap),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessRecord {
-    /// The pid inside the process's own pid namespace: what CRIU restores it as.
-    pub ns_pid: i32,
-    /// The pid at dump time, in CRIU's namespace (for messages).
-    pub pid: i32,
-    pub comm: String,
-    /// The CUDA state before the dump; restore returns the process to it.
-    pub initial_state: ProcessState,
-    /// GPU memory held per GPU; empty when NVML could not tell.
-    pub gpus: Vec<Usage>,
+impl std::str::FromStr for GpuPlacement {
+    type Err = String;
+    fn from_str(v: &str) -> Result<GpuPlacement, String> {
+        match v {
+            "auto" => Ok(GpuPlacement::Auto),
+            "same" | "" => Ok(GpuPlacement::Same),
+            map => map
+                .parse()
+                .map(GpuPlacement::Map)
+                .map_err(|e| format!("{e}; use OLD_UUID=NEW_UUID[,...], auto or same")),
+        }
+    }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub uuid: GpuUuid,
-    pub memory: Option<u64>,
-}
-
-/// How each process is restored: the GPU pairs to pass to the driver (empty: same GPUs).
+/// The map to pass the driver (empty: the same GPUs) and what the log should say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
-    pub maps: BTreeMap<i32, DeviceMap>,
+    pub map: DeviceMap,
     /// One line per GPU, for the log.
     pub notes: Vec<String>,
 }
@@ -109,7 +105,11 @@ pub fn plan(
                     .into(),
             ),
             GpuPlacement::Same => Ok(Plan::default()),
-            GpuPlacement::Map(m) => maps_for(image, &|u| m.target(u)),
+            GpuPlacement::Map(m) => {
+                let target: BTreeMap<GpuUuid, GpuUuid> =
+                    used.iter().map(|u| (*u, m.target(*u))).collect();
+                complete(image, &target, None)
+            }
         };
     };
     if used.len() > here.gpus.len() {
@@ -193,29 +193,63 @@ pub fn plan(
             gib(g.memory_free)
         ));
     }
-    let mut plan = maps_for(image, &|u| target.get(&u).copied().unwrap_or(u))?;
+    let mut plan = complete(image, &target, Some(here))?;
     plan.notes = notes;
     Ok(plan)
 }
 
-/// Per-process driver maps: none when nothing moves (older drivers accept no pairs at all).
-fn maps_for(image: &CudaImage, target: &dyn Fn(GpuUuid) -> GpuUuid) -> Result<Plan, String> {
-    let mut plan = Plan::default();
-    for p in &image.processes {
-        let gpus = image.used_by(p);
-        if gpus.iter().all(|g| target(*g) == *g) {
-            continue;
-        }
-        let map = DeviceMap::new(gpus.iter().map(|g| (*g, target(*g))).collect())
-            .map_err(|e| format!("device map for process {} ({}): {e}", p.pid, p.comm))?;
-        plan.maps.insert(p.ns_pid, map);
+/// The full permutation the driver needs when any GPU moves: `target` for the GPUs in use, the
+/// others of the checkpoint where they are when they are free, else on a GPU nothing else takes.
+fn complete(
+    image: &CudaImage,
+    target: &BTreeMap<GpuUuid, GpuUuid>,
+    here: Option<&Inventory>,
+) -> Result<Plan, String> {
+    if target.iter().all(|(old, new)| old == new) {
+        return Ok(Plan::default());
     }
-    Ok(plan)
+    let mut olds: Vec<GpuUuid> = image.gpus.iter().map(|g| g.uuid).collect();
+    olds.extend(target.keys().copied());
+    olds.sort();
+    olds.dedup();
+    let mut map: BTreeMap<GpuUuid, GpuUuid> = target.clone();
+    let mut taken: Vec<GpuUuid> = map.values().copied().collect();
+    let here_gpus: Vec<GpuUuid> = match here {
+        Some(h) => h.gpus.iter().map(|g| g.uuid).collect(),
+        // Without NVML the checkpoint's own GPUs are all that can be assumed.
+        None => olds.clone(),
+    };
+    for old in olds.iter().filter(|o| !target.contains_key(o)) {
+        let new = if here_gpus.contains(old) && !taken.contains(old) {
+            Some(*old)
+        } else {
+            here_gpus.iter().copied().find(|g| !taken.contains(g))
+        };
+        let Some(new) = new else {
+            return Err(format!(
+                "the driver needs every GPU it saw at checkpoint time ({} GPUs) mapped onto a \
+                 GPU of its own here, and this machine has {}; restore on a machine with at \
+                 least {} GPUs",
+                olds.len(),
+                here_gpus.len(),
+                olds.len()
+            ));
+        };
+        taken.push(new);
+        map.insert(*old, new);
+    }
+    let map = DeviceMap::new(map.into_iter().collect()).map_err(|e| format!("device map: {e}"))?;
+    Ok(Plan {
+        map,
+        notes: Vec::new(),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backends::cuda::image::Usage;
+    use cuda_checkpoint_ctl::driver::DriverInfo;
 
     fn uuid(n: u8) -> GpuUuid {
         GpuUuid([n; 16])
@@ -253,8 +287,10 @@ mod tests {
                         uuid: uuid(*g),
                         memory: Some(gib << 30),
                     }],
+                    nccl: false,
                 })
                 .collect(),
+            digests: vec![],
         }
     }
 
@@ -273,7 +309,7 @@ mod tests {
         let img = image(&[(1, 10), (2, 10)]);
         let here = inv(vec![gpu(1, "H100", 80), gpu(2, "H100", 80)]);
         let p = plan(&img, Some(&here), &GpuPlacement::Same).unwrap();
-        assert!(p.maps.is_empty());
+        assert!(p.map.is_empty());
         assert_eq!(p.notes.len(), 2);
     }
 
@@ -323,12 +359,10 @@ mod tests {
             .parse()
             .unwrap();
         let p = plan(&img, Some(&here), &GpuPlacement::Map(m)).unwrap();
-        assert_eq!(p.maps[&10].pairs(), &[(uuid(1), uuid(8))]);
-        assert_eq!(p.maps[&11].pairs(), &[(uuid(2), uuid(9))]);
+        assert_eq!(p.map.pairs(), &[(uuid(1), uuid(8)), (uuid(2), uuid(9))]);
         // auto prefers the same model, then free memory: 8 (H100, 80) and 7 (H100, 20).
         let p = plan(&img, Some(&here), &GpuPlacement::Auto).unwrap();
-        assert_eq!(p.maps[&10].pairs(), &[(uuid(1), uuid(8))]);
-        assert_eq!(p.maps[&11].pairs(), &[(uuid(2), uuid(7))]);
+        assert_eq!(p.map.pairs(), &[(uuid(1), uuid(8)), (uuid(2), uuid(7))]);
     }
 
     #[test]
@@ -345,11 +379,33 @@ mod tests {
         let img = image(&[(1, 10)]);
         assert!(plan(&img, None, &GpuPlacement::Same)
             .unwrap()
-            .maps
+            .map
             .is_empty());
         assert!(plan(&img, None, &GpuPlacement::Auto).is_err());
         let m: DeviceMap = format!("{}={}", uuid(1), uuid(5)).parse().unwrap();
         let p = plan(&img, None, &GpuPlacement::Map(m)).unwrap();
-        assert_eq!(p.maps[&10].pairs(), &[(uuid(1), uuid(5))]);
+        assert_eq!(p.map.pairs(), &[(uuid(1), uuid(5)), (uuid(2), uuid(2))]);
+    }
+
+    #[test]
+    fn a_move_becomes_a_complete_permutation() {
+        // The process used GPU 1 only; the driver saw GPUs 1 and 2: moving 1 onto 2 is a swap.
+        let img = image(&[(1, 10)]);
+        let here = inv(vec![gpu(1, "H100", 80), gpu(2, "H100", 80)]);
+        let m: DeviceMap = format!("{}={}", uuid(1), uuid(2)).parse().unwrap();
+        let p = plan(&img, Some(&here), &GpuPlacement::Map(m)).unwrap();
+        assert_eq!(p.map.pairs(), &[(uuid(1), uuid(2)), (uuid(2), uuid(1))]);
+    }
+
+    #[test]
+    fn a_machine_with_fewer_gpus_cannot_take_a_moved_restore() {
+        let img = image(&[(1, 10)]);
+        let here = inv(vec![gpu(7, "H100", 80)]);
+        let m: DeviceMap = format!("{}={}", uuid(1), uuid(7)).parse().unwrap();
+        let e = plan(&img, Some(&here), &GpuPlacement::Map(m)).unwrap_err();
+        assert!(
+            e.contains("every GPU it saw at checkpoint time (2 GPUs)"),
+            "{e}"
+        );
     }
 }

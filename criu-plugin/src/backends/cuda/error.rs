@@ -1,0 +1,261 @@
+//! Why a CUDA dump or restore fails, and what the operator reads: the cause, the state things
+//! were left in, and the fix.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cuda_checkpoint_ctl::driver::ProcessState;
+
+use crate::guardian::proto::DriverFailure;
+
+/// A process, for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Who {
+    pub pid: i32,
+    pub comm: String,
+}
+
+impl std::fmt::Display for Who {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "process {} ({})", self.pid, self.comm)
+    }
+}
+
+/// Why a CUDA process's driver thread cannot run (so a lock or a checkpoint would wait until it
+/// can: the driver has no limit on that wait).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    /// Stopped by a signal (state T): SIGSTOP, Ctrl-Z.
+    Stopped,
+    /// Traced by another process (a debugger), which holds it.
+    Traced { by: i32 },
+    /// In a frozen cgroup.
+    Frozen { cgroup: PathBuf },
+    /// Its driver thread alone is stopped or held by a tracer.
+    Thread { tid: i32, by: i32 },
+}
+
+impl Held {
+    /// What holds process `pid`, and the fix.
+    pub fn describe(&self, pid: i32) -> String {
+        match self {
+            Held::Stopped => format!(
+                "is stopped (SIGSTOP or Ctrl-Z): the GPU driver's thread in it cannot run; \
+                 continue it (kill -CONT {pid}) and dump again"
+            ),
+            other => other.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Held::Stopped => f.write_str(
+                "is stopped (SIGSTOP or Ctrl-Z): the GPU driver's thread in it cannot run; \
+                 continue it (kill -CONT) and dump again",
+            ),
+            Held::Traced { by } => write!(
+                f,
+                "is held by tracer {by} (a debugger?): the GPU driver's thread in it cannot run; \
+                 detach the tracer and dump again"
+            ),
+            Held::Frozen { cgroup } => write!(
+                f,
+                "is in the frozen cgroup {}: the GPU driver's thread in it cannot run; thaw it \
+                 and dump again (CRIU >= 4.1 thaws it itself when this plugin asks)",
+                cgroup.display()
+            ),
+            Held::Thread { tid, by: 0 } => write!(
+                f,
+                "has its GPU driver thread {tid} stopped: it must run for the GPU state to move; \
+                 let it run and dump again"
+            ),
+            Held::Thread { tid, by } => write!(
+                f,
+                "has its GPU driver thread {tid} held by tracer {by} (a debugger?); detach it and \
+                 dump again"
+            ),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    #[error(
+        "pre-dump is not supported for CUDA {0}: device memory has no dirty tracking and a \
+         pre-dump has no point at which to undo a lock; run `criu dump` without pre-dump \
+         (nothing was locked, the process keeps running)"
+    )]
+    PreDump(Who),
+    #[error(
+        "lazy dumps (--lazy-pages) are not supported for CUDA {0}: the GPU state is moved into \
+         the process's memory all at once; dump without --lazy-pages (nothing was locked)"
+    )]
+    LazyPages(Who),
+    #[error(
+        "{} map the CUDA driver, but the driver cannot be loaded by the plugin: {reason}; \
+         install the NVIDIA driver (r570 or later) or name the library with \
+         CUDA_CKPT_LIBCUDA=PATH (in criu's environment or /etc/criu/gpu-plugin.conf); nothing \
+         was locked",
+        list(.processes)
+    )]
+    NoDriver { processes: Vec<Who>, reason: String },
+    #[error("CUDA {who} {}; nothing was locked", .held.describe(.who.pid))]
+    Held { who: Who, held: Held },
+    #[error(
+        "CUDA {0} has a GPU checkpoint action in progress that is not this dump's (a concurrent \
+         dump or cuda-checkpoint, or the action of a CRIU that died); wait for it, then check \
+         `cuda-checkpoint-ctl --list`; nothing was locked"
+    )]
+    Busy(Who),
+    #[error("CUDA {who} is {state}: the driver cannot checkpoint it")]
+    Unusable { who: Who, state: ProcessState },
+    #[error(
+        "no time is left for GPU locks in CRIU's seize budget ({left:?} of criu --timeout): raise \
+         criu --timeout; nothing was locked"
+    )]
+    NoTime { left: Duration },
+    #[error("{}", locks(.failures))]
+    Locks { failures: Vec<(Who, LockFailure)> },
+    #[error(
+        "CUDA {who} was stopped by signal {signal} between its lock and CRIU's seize (Ctrl-Z?); \
+         a stopped CUDA process would be restored into a wait that never ends, so the dump is \
+         abandoned; its GPU state is being put back and it stays stopped: continue it (kill \
+         -CONT {pid}) and dump again", pid = .who.pid
+    )]
+    StoppedDuringDump { who: Who, signal: i32 },
+    #[error("CUDA {0} is not seized by CRIU at CHECKPOINT_DEVICES; the dump is abandoned")]
+    NotSeized(Who),
+    #[error("{}", checkpoints(.failures))]
+    Checkpoints { failures: Vec<(Who, ActionFailure)> },
+    #[error("cannot let the GPU driver threads run: {0}; the dump is abandoned")]
+    Threads(String),
+}
+
+/// Why a lock did not take.
+#[derive(Debug)]
+pub enum LockFailure {
+    /// The driver gave up waiting for submitted GPU work.
+    GaveUp {
+        waited: Duration,
+        nccl: bool,
+    },
+    /// The call did not return (its driver thread stopped running after the checks?).
+    Stuck {
+        waited: Duration,
+    },
+    Driver(DriverFailure),
+}
+
+/// Why a checkpoint or restore of one process failed.
+#[derive(Debug)]
+pub enum ActionFailure {
+    Driver(DriverFailure),
+    /// The call did not return within the limit.
+    Stuck {
+        limit: Duration,
+    },
+    /// The process died during it.
+    Died,
+}
+
+fn list(ws: &[Who]) -> String {
+    let names: Vec<String> = ws.iter().map(Who::to_string).collect();
+    match names.len() {
+        1 => format!("CUDA {}", names[0]),
+        _ => format!("CUDA processes {}", names.join(", ")),
+    }
+}
+
+fn locks(failures: &[(Who, LockFailure)]) -> String {
+    let mut parts = Vec::new();
+    for (who, f) in failures {
+        parts.push(match f {
+            LockFailure::GaveUp { waited, nccl } => {
+                let mut s = format!(
+                    "GPU work in {who} did not finish within {} ms, so it could not be locked",
+                    waited.as_millis()
+                );
+                if *nccl {
+                    s.push_str(
+                        ". It uses NCCL: a rank waiting in a collective for a rank that is \
+                         already locked never finishes its GPU work. All ranks of the tree were \
+                         locked at once; if this repeats, suspend the communicators in the \
+                         application (ncclCommSuspend, NCCL >= 2.29.7) before the dump, or use a \
+                         driver release that checkpoints NCCL jobs",
+                    );
+                }
+                s
+            }
+            LockFailure::Stuck { waited } => format!(
+                "the lock of {who} did not return within {} ms (its GPU driver thread stopped \
+                 running?)",
+                waited.as_millis()
+            ),
+            LockFailure::Driver(e) => format!("locking {who} failed: {e}"),
+        });
+    }
+    format!(
+        "{}. The dump is abandoned and every CUDA process is put back as it was. Retry, or let \
+         locks wait longer: CRIU_GPU_LOCK_TIMEOUT_MS, with criu --timeout above it (locks must \
+         fit in criu's seize time)",
+        parts.join("; ")
+    )
+}
+
+fn checkpoints(failures: &[(Who, ActionFailure)]) -> String {
+    let parts: Vec<String> = failures
+        .iter()
+        .map(|(who, f)| match f {
+            ActionFailure::Driver(e) => format!("{who}: {e}"),
+            ActionFailure::Stuck { limit } => format!(
+                "{who}: the GPU checkpoint did not finish within {} s (CRIU_GPU_ACTION_TIMEOUT_S)",
+                limit.as_secs()
+            ),
+            ActionFailure::Died => format!("{who} died during its GPU checkpoint"),
+        })
+        .collect();
+    format!(
+        "checkpoint of CUDA state failed for {}; the dump is abandoned and every CUDA process is \
+         being returned to its state before the dump",
+        parts.join("; ")
+    )
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error(
+        "the image's inventory says it holds CUDA state ({name}) but {record} is missing from the \
+         image directory: it was not copied completely; copy it again from its source"
+    )]
+    RecordMissing {
+        name: &'static str,
+        record: &'static str,
+    },
+    #[error(
+        "the checkpoint holds {what}, but the CUDA driver cannot be used here: {reason}; install \
+         the NVIDIA driver (r570 or later) or name it with CUDA_CKPT_LIBCUDA=PATH; nothing was \
+         restored"
+    )]
+    NoDriver { what: String, reason: String },
+    #[error(
+        "the checkpoint holds {what}, but this machine has no NVIDIA GPU; nothing was restored"
+    )]
+    NoGpu { what: String },
+    #[error("cannot restore the {what} here: {why}; nothing was restored")]
+    Placement { what: String, why: String },
+    #[error(
+        "lazy restores (--lazy-pages) are not supported for CUDA state: the GPU driver reads all \
+         of the process's memory at once; restore without --lazy-pages"
+    )]
+    LazyPages,
+    #[error("CUDA process {ns_pid} ({comm}) of the checkpoint is not in the restored tree")]
+    NotInTree { ns_pid: i32, comm: String },
+    #[error("restored {0} has no CUDA restore thread: {1}")]
+    NoRestoreThread(Who, DriverFailure),
+    #[error("restoring CUDA state of {who} failed: {failure}")]
+    Action { who: Who, failure: String },
+    #[error("cannot let the GPU driver threads run: {0}")]
+    Threads(String),
+}

@@ -1,0 +1,62 @@
+//! What the CUDA part of a checkpoint records (`gpu-cuda.json` in the image directory): the
+//! processes that held CUDA state and what they were, the GPUs the driver saw, the driver, and
+//! digests of the image files.
+
+use cuda_checkpoint_ctl::driver::{DriverInfo, GpuUuid, ProcessState};
+use cuda_checkpoint_ctl::inventory::Gpu;
+use serde::{Deserialize, Serialize};
+
+use crate::core::digest::FileDigest;
+
+/// The file in the image directory.
+pub const RECORD: &str = "gpu-cuda.json";
+pub const FORMAT: &str = "criu-gpu/cuda";
+/// 2: every GPU the driver saw, image digests, NCCL.
+pub const VERSION: u32 = 2;
+
+/// The CUDA part of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CudaImage {
+    pub driver: DriverInfo,
+    /// NVML's driver version of the dumping machine, when known.
+    pub driver_version: Option<String>,
+    /// Every GPU of the dumping machine (what the driver saw at checkpoint time: a restore onto
+    /// other GPUs must map each of them).
+    pub gpus: Vec<Gpu>,
+    pub processes: Vec<ProcessRecord>,
+    /// Digests of the image files, taken when the dump ended (empty when it could not).
+    #[serde(default)]
+    pub digests: Vec<FileDigest>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    /// The pid inside the process's own pid namespace: what CRIU restores it as.
+    pub ns_pid: i32,
+    /// The pid at dump time, in CRIU's namespace (for messages).
+    pub pid: i32,
+    pub comm: String,
+    /// The CUDA state before the dump; restore returns the process to it.
+    pub initial_state: ProcessState,
+    /// GPU memory held per GPU; empty when NVML could not tell.
+    pub gpus: Vec<Usage>,
+    /// The process had NCCL loaded.
+    #[serde(default)]
+    pub nccl: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub uuid: GpuUuid,
+    pub memory: Option<u64>,
+}
+
+impl CudaImage {
+    /// Device memory the processes held, in bytes (what their GPU checkpoint moved).
+    pub fn device_bytes(&self) -> u64 {
+        self.processes
+            .iter()
+            .flat_map(|p| p.gpus.iter().filter_map(|u| u.memory))
+            .sum()
+    }
+}

@@ -1,0 +1,69 @@
+//! What the CUDA backend reads of processes (through `cuda_checkpoint_ctl::process`, the one
+//! place that reads /proc), behind a trait so its decisions can be tested without processes.
+
+use cuda_checkpoint_ctl::process::{self, Libraries};
+
+use super::error::Held;
+
+pub trait Procs: Send {
+    /// A process and its descendants, parents first.
+    fn tree(&self, root: i32) -> Vec<i32>;
+    fn libraries(&self, pid: i32) -> std::io::Result<Libraries>;
+    fn comm(&self, pid: i32) -> String;
+    fn ns_pid(&self, pid: i32) -> Option<i32>;
+    fn starttime(&self, pid: i32) -> Option<u64>;
+    /// Why the process's thread `tid` (or the process, for `None`) cannot run, if it cannot. A
+    /// tracer that is `criu` does not count (CRIU seizes the tasks on purpose).
+    fn held(&self, pid: i32, tid: Option<i32>, criu: i32) -> Option<Held>;
+    /// The process's tracer (0: none).
+    fn tracer(&self, pid: i32) -> i32;
+    fn kill(&self, pid: i32);
+}
+
+/// This machine.
+pub struct Real;
+
+impl Procs for Real {
+    fn tree(&self, root: i32) -> Vec<i32> {
+        process::tree(root)
+    }
+    fn libraries(&self, pid: i32) -> std::io::Result<Libraries> {
+        process::libraries(pid)
+    }
+    fn comm(&self, pid: i32) -> String {
+        process::comm(pid).unwrap_or_default()
+    }
+    fn ns_pid(&self, pid: i32) -> Option<i32> {
+        process::ns_pid(pid)
+    }
+    fn starttime(&self, pid: i32) -> Option<u64> {
+        process::starttime(pid)
+    }
+    fn held(&self, pid: i32, tid: Option<i32>, criu: i32) -> Option<Held> {
+        if let Some(cgroup) = process::frozen_cgroup(pid) {
+            return Some(Held::Frozen { cgroup });
+        }
+        let (state, tracer) = process::thread_state(pid, pid)?;
+        if tracer != 0 && tracer != criu {
+            return Some(Held::Traced { by: tracer });
+        }
+        if state == 'T' || (state == 't' && tracer != criu) {
+            return Some(Held::Stopped);
+        }
+        let tid = tid?;
+        let (state, by) = process::thread_state(pid, tid)?;
+        if by != 0 && by != criu {
+            return Some(Held::Thread { tid, by });
+        }
+        (state == 'T').then_some(Held::Thread { tid, by: 0 })
+    }
+    fn tracer(&self, pid: i32) -> i32 {
+        process::tracer(pid).unwrap_or(0)
+    }
+    fn kill(&self, pid: i32) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}

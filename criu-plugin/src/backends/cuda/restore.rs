@@ -1,0 +1,451 @@
+//! A restore of an image with CUDA state.
+//!
+//! `init`, before CRIU creates anything, refuses what cannot succeed: a missing or damaged
+//! record, image files that differ from what the dump wrote, no driver, no GPU, GPUs that do not
+//! fit. The first RESUME_DEVICES_LATE restores every CUDA process of the restored tree at once.
+//! CRIU ignores that hook's errors, so a failed GPU restore kills the restored tree: CRIU then
+//! reports the restore as failed, and the images, which a restore never changes, serve for the
+//! next attempt. The guardian kills a half-restored tree if CRIU dies before the GPU state is
+//! back.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cuda_checkpoint_ctl::driver::ProcessState;
+
+use super::error::{RestoreError, Who};
+use super::image::{self, CudaImage, ProcessRecord};
+use super::placement::{plan, GpuPlacement, Plan};
+use super::procs::Procs;
+use super::{action_limit, gib, INVENTORY_NAME, UPSTREAM_PLUGIN};
+use crate::core::{digest, record, Claims, HookError, HookResult, Host, Settings, ThreadWindow};
+use crate::core::{Stage, Verdict};
+use crate::guardian::proto::{Act, Answer, Order};
+use crate::guardian::Guardian;
+
+/// What the image holds for this backend.
+enum Holds {
+    /// A record of this plugin.
+    Record(Box<CudaImage>),
+    /// An image of CRIU's C cuda_plugin: no record; every CUDA process found is restored.
+    Upstream,
+}
+
+enum Phase {
+    /// The image holds no CUDA state.
+    NoCuda,
+    Ready {
+        holds: Holds,
+        plan: Plan,
+        guardian: Guardian,
+    },
+    /// After the first RESUME_DEVICES_LATE: each CUDA process's outcome.
+    Resumed(BTreeMap<i32, Result<(), String>>),
+}
+
+pub struct Restore {
+    settings: Settings,
+    procs: Box<dyn Procs>,
+    phase: Phase,
+}
+
+impl Restore {
+    pub fn init(
+        host: &dyn Host,
+        claims: &Claims,
+        settings: Settings,
+        procs: Box<dyn Procs>,
+    ) -> Result<Restore, HookError> {
+        let mut r = Restore {
+            settings,
+            procs,
+            phase: Phase::NoCuda,
+        };
+        let dir = host.image_dir();
+        let mut found: Option<CudaImage> = match &dir {
+            Some(d) => record::read(d, image::RECORD, image::FORMAT, image::VERSION)?,
+            None => None,
+        };
+        if claims.listed && !claims.ours && found.take().is_some() {
+            tracing::warn!(
+                "{} in the image directory is not this image's (the image's inventory does not \
+                 name {INVENTORY_NAME}): a leftover of an earlier dump into the same directory; \
+                 it is ignored",
+                image::RECORD
+            );
+        }
+        if claims.ours && claims.listed && found.is_none() {
+            return Err(HookError::gpu(RestoreError::RecordMissing {
+                name: INVENTORY_NAME,
+                record: image::RECORD,
+            }));
+        }
+        let holds = match found {
+            Some(img) => Holds::Record(Box::new(img)),
+            None if claims.others.iter().any(|o| o == UPSTREAM_PLUGIN) => Holds::Upstream,
+            None => return Ok(r),
+        };
+        let what = match &holds {
+            Holds::Record(i) => format!("CUDA state of {} process(es)", i.processes.len()),
+            Holds::Upstream => format!("CUDA state dumped by CRIU's {UPSTREAM_PLUGIN}"),
+        };
+        if crate::abi::criu::lazy_pages() {
+            return Err(HookError::gpu(RestoreError::LazyPages));
+        }
+        let placement = r
+            .settings
+            .parsed("CRIU_GPU_DEVICE_MAP", |v| v.parse::<GpuPlacement>())?
+            .unwrap_or_default();
+        // Forked before any thread of the plugin's runs in CRIU (the digests are hashed on some).
+        let mut g = host.spawn_guardian(Stage::Restore)?;
+        if let (Holds::Record(img), Some(dir)) = (&holds, &dir) {
+            r.verify(img, dir)?;
+        }
+        if let Err(reason) = g.driver() {
+            return Err(HookError::gpu(RestoreError::NoDriver {
+                what,
+                reason: reason.to_owned(),
+            }));
+        }
+        let seq = g.ask_inventory()?;
+        g.wait_all(&[seq], Instant::now() + Duration::from_secs(30), &mut || {})?;
+        let inventory = match g.take_inventory(seq) {
+            Some(Ok(inv)) if inv.gpus.is_empty() => {
+                return Err(HookError::gpu(RestoreError::NoGpu { what }))
+            }
+            Some(Ok(inv)) => Some(inv),
+            Some(Err(e)) => {
+                tracing::warn!(
+                    "NVML is not available ({e}): GPUs and free memory are not checked before \
+                     restoring"
+                );
+                None
+            }
+            None => None,
+        };
+        let plan = match &holds {
+            Holds::Record(img) => {
+                let p = plan(img, inventory.as_ref(), &placement).map_err(|why| {
+                    HookError::gpu(RestoreError::Placement {
+                        what: what.clone(),
+                        why,
+                    })
+                })?;
+                for n in &p.notes {
+                    tracing::info!("{n}");
+                }
+                if !p.map.is_empty() {
+                    tracing::info!("GPUs remapped: {}", p.map);
+                }
+                if let (Some(then), Some(now)) = (
+                    &img.driver_version,
+                    inventory.as_ref().map(|i| &i.driver_version),
+                ) {
+                    if then != now {
+                        tracing::warn!("dumped with NVIDIA driver {then}, restoring with {now}");
+                    }
+                }
+                p
+            }
+            Holds::Upstream => Plan::default(),
+        };
+        r.phase = Phase::Ready {
+            holds,
+            plan,
+            guardian: g,
+        };
+        Ok(r)
+    }
+
+    /// Checks the image files against the digests the dump recorded.
+    fn verify(&self, img: &CudaImage, dir: &std::path::Path) -> Result<(), HookError> {
+        if self.settings.flag("CRIU_GPU_DIGESTS")? == Some(false) {
+            return Ok(());
+        }
+        if img.digests.is_empty() {
+            tracing::warn!(
+                "the record holds no digests of the image files (the dump could not take them): \
+                 the images are not checked"
+            );
+            return Ok(());
+        }
+        let start = Instant::now();
+        digest::verify(dir, &img.digests)?;
+        let bytes: u64 = img.digests.iter().map(|d| d.size).sum();
+        tracing::info!(
+            "image files checked against their digests: {} files, {:.2} GiB, in {:.2} s",
+            img.digests.len(),
+            gib(bytes),
+            start.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    pub fn resume(&mut self, host: &dyn Host, pid: i32) -> HookResult {
+        match std::mem::replace(&mut self.phase, Phase::NoCuda) {
+            Phase::NoCuda => return Ok(Verdict::NotMine),
+            Phase::Ready {
+                holds,
+                plan,
+                mut guardian,
+            } => {
+                // The first call is for the root of the restored tree: all of it now.
+                let results = self.restore_tree(host, pid, &holds, &plan, &mut guardian);
+                if results.values().any(|r| r.is_err()) {
+                    let tree = self.procs.tree(pid);
+                    tracing::error!(
+                        "killing the restored process tree ({} processes) so that criu reports \
+                         the restore as failed; the images are unchanged and can be restored \
+                         again",
+                        tree.len()
+                    );
+                    for p in tree.iter().rev() {
+                        self.procs.kill(*p);
+                    }
+                } else {
+                    let _ = guardian.order(&Order::Restored);
+                }
+                let _ = guardian.order(&Order::Bye);
+                self.phase = Phase::Resumed(results);
+            }
+            resumed @ Phase::Resumed(_) => self.phase = resumed,
+        }
+        match &self.phase {
+            Phase::Resumed(results) => match results.get(&pid) {
+                None => Ok(Verdict::NotMine),
+                Some(Ok(())) => Ok(Verdict::Done(())),
+                Some(Err(e)) => Err(HookError::Backend(e.clone())),
+            },
+            _ => Ok(Verdict::NotMine),
+        }
+    }
+
+    /// Finds the restored CUDA processes under `root` and restores them at once.
+    fn restore_tree(
+        &self,
+        host: &dyn Host,
+        root: i32,
+        holds: &Holds,
+        plan: &Plan,
+        g: &mut Guardian,
+    ) -> BTreeMap<i32, Result<(), String>> {
+        let procs = &*self.procs;
+        let mut results = BTreeMap::new();
+        let tree = procs.tree(root);
+        let _ = g.order(&Order::Restoring {
+            tree: tree
+                .iter()
+                .filter_map(|p| Some((*p, procs.starttime(*p)?)))
+                .collect(),
+        });
+        // (pid, what it was before the dump)
+        let mut todo: Vec<(i32, ProcessRecord)> = Vec::new();
+        match holds {
+            Holds::Record(img) => {
+                for p in &img.processes {
+                    match tree
+                        .iter()
+                        .find(|&&pid| procs.ns_pid(pid) == Some(p.ns_pid))
+                    {
+                        Some(&pid) => todo.push((pid, p.clone())),
+                        None => {
+                            let e = RestoreError::NotInTree {
+                                ns_pid: p.ns_pid,
+                                comm: p.comm.clone(),
+                            };
+                            results.insert(root, Err(e.to_string()));
+                        }
+                    }
+                }
+            }
+            Holds::Upstream => {
+                for &pid in &tree {
+                    if procs.libraries(pid).is_ok_and(|l| l.libcuda) {
+                        todo.push((
+                            pid,
+                            ProcessRecord {
+                                ns_pid: procs.ns_pid(pid).unwrap_or(pid),
+                                pid,
+                                comm: procs.comm(pid),
+                                initial_state: ProcessState::Running,
+                                gpus: Vec::new(),
+                                nccl: false,
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        let upstream = matches!(holds, Holds::Upstream);
+        // The driver's restore thread of each: its id, and that it is ours to restore.
+        let mut probes = Vec::new();
+        for (pid, p) in &todo {
+            let tracked = g.order(&Order::Track {
+                pid: *pid,
+                starttime: procs.starttime(*pid).unwrap_or(0),
+                comm: p.comm.clone(),
+            });
+            match tracked.and_then(|()| g.act(*pid, Act::Probe)) {
+                Ok(seq) => probes.push((*pid, seq)),
+                Err(e) => {
+                    results.insert(*pid, Err(e.to_string()));
+                }
+            }
+        }
+        let seqs: Vec<u64> = probes.iter().map(|(_, s)| *s).collect();
+        if let Err(e) = g.wait_all(&seqs, Instant::now() + Duration::from_secs(30), &mut || {}) {
+            results.insert(root, Err(e.to_string()));
+        }
+        let mut threads = Vec::new();
+        for ((pid, seq), (_, p)) in probes.iter().zip(&todo) {
+            let who = Who {
+                pid: *pid,
+                comm: p.comm.clone(),
+            };
+            match g.take(*seq) {
+                Some(Ok(Answer::Probe { restore_tid, state })) => {
+                    if upstream && state != ProcessState::Checkpointed {
+                        continue; // not checkpointed by the dump: not a CUDA process of it
+                    }
+                    threads.push((*pid, restore_tid));
+                }
+                Some(Err(e)) if upstream && e.not_cuda() => continue,
+                Some(Err(e)) => {
+                    results.insert(*pid, Err(RestoreError::NoRestoreThread(who, e).to_string()));
+                }
+                _ => {
+                    results.insert(
+                        *pid,
+                        Err(format!("{who}: the driver did not answer within 30 s")),
+                    );
+                }
+            }
+        }
+        let bytes: u64 = todo
+            .iter()
+            .flat_map(|(_, p)| p.gpus.iter().filter_map(|u| u.memory))
+            .sum();
+        let limit = action_limit(&self.settings, (bytes > 0).then_some(bytes))
+            .unwrap_or(Duration::from_secs(600));
+        let parallel = self
+            .settings
+            .flag("CRIU_GPU_PARALLEL")
+            .ok()
+            .flatten()
+            .unwrap_or(true);
+        let start = Instant::now();
+        let (mut window, failed) = ThreadWindow::open(host.threads(), &threads);
+        for e in failed {
+            results.insert(root, Err(RestoreError::Threads(e.to_string()).to_string()));
+        }
+        let records: BTreeMap<i32, &ProcessRecord> = todo.iter().map(|(p, r)| (*p, r)).collect();
+        let mut acts = Vec::new();
+        for (pid, _) in &threads {
+            let p = records[pid];
+            if p.initial_state == ProcessState::Checkpointed {
+                // Checkpointed before the dump: it stays so.
+                results.insert(*pid, Ok(()));
+                continue;
+            }
+            let act = Act::Resume {
+                pairs: plan.map.pairs().to_vec(),
+                unlock: p.initial_state == ProcessState::Running,
+            };
+            match g.act(*pid, act) {
+                Ok(seq) => {
+                    if !parallel {
+                        let _ = g.wait_all(&[seq], start + limit, &mut || window.watch());
+                    }
+                    acts.push((*pid, seq));
+                }
+                Err(e) => {
+                    results.insert(*pid, Err(e.to_string()));
+                }
+            }
+        }
+        let seqs: Vec<u64> = acts.iter().map(|(_, s)| *s).collect();
+        if let Err(e) = g.wait_all(&seqs, start + limit, &mut || window.watch()) {
+            results.insert(root, Err(e.to_string()));
+        }
+        for e in window.close() {
+            tracing::error!("{e}");
+        }
+        for (pid, seq) in acts {
+            let p = records[&pid];
+            let who = Who {
+                pid,
+                comm: p.comm.clone(),
+            };
+            let outcome = match g.take(seq) {
+                Some(Ok(_)) => Ok(()),
+                Some(Err(e)) => {
+                    let hint = if e.code == cuda_checkpoint_ctl::driver::code::OUT_OF_MEMORY {
+                        "; free GPU memory, or restore onto other GPUs with CRIU_GPU_DEVICE_MAP"
+                    } else {
+                        ""
+                    };
+                    Err(RestoreError::Action {
+                        who,
+                        failure: format!("{e}{hint}"),
+                    }
+                    .to_string())
+                }
+                None => Err(RestoreError::Action {
+                    who,
+                    failure: format!(
+                        "the GPU restore did not finish within {} s (CRIU_GPU_ACTION_TIMEOUT_S)",
+                        limit.as_secs()
+                    ),
+                }
+                .to_string()),
+            };
+            if outcome.is_ok() && p.initial_state == ProcessState::Locked {
+                tracing::warn!(
+                    "CUDA {} was locked by someone else when it was dumped, and is restored \
+                     locked: it makes no CUDA progress until `cuda-checkpoint-ctl --recover --pid \
+                     {pid}`",
+                    Who {
+                        pid,
+                        comm: p.comm.clone()
+                    }
+                );
+            }
+            results.insert(pid, outcome);
+        }
+        let ok = results.values().filter(|r| r.is_ok()).count();
+        let bytes: u64 = todo
+            .iter()
+            .filter(|(pid, _)| results.get(pid).is_some_and(|r| r.is_ok()))
+            .flat_map(|(_, p)| p.gpus.iter().filter_map(|u| u.memory))
+            .sum();
+        let secs = start.elapsed().as_secs_f64();
+        tracing::info!(
+            "restored CUDA state of {ok} of {} process(es) in {secs:.2} s ({:.2} GiB, {:.2} GB/s)",
+            results.len(),
+            gib(bytes),
+            bytes as f64 / 1e9 / secs.max(1e-9)
+        );
+        for r in results.values() {
+            if let Err(e) = r {
+                tracing::error!("{e}");
+            }
+        }
+        results
+    }
+
+    /// The guardian of a restore that has not resumed yet (tests).
+    #[cfg(test)]
+    pub fn guardian(&mut self) -> Option<&mut Guardian> {
+        match &mut self.phase {
+            Phase::Ready { guardian, .. } => Some(guardian),
+            _ => None,
+        }
+    }
+
+    pub fn exit(&mut self) {
+        if let Phase::Ready { mut guardian, .. } = std::mem::replace(&mut self.phase, Phase::NoCuda)
+        {
+            let _ = guardian.order(&Order::Bye);
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! A failed hook, as a typed cause. Its `Display` is the operator's message: what went wrong,
+//! what state things were left in, and what to do.
+
+use super::digest::DigestError;
+use super::record::RecordError;
+use super::settings::SettingsError;
+use crate::guardian::GuardianError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("{0}")]
+    Settings(#[from] SettingsError),
+    #[error("{0}")]
+    Record(#[from] RecordError),
+    #[error("{0}")]
+    Digest(#[from] DigestError),
+    #[error("{0}")]
+    Guardian(#[from] GuardianError),
+    /// A backend's own typed error.
+    #[error("{0}")]
+    Gpu(Box<dyn std::error::Error + Send + Sync>),
+    /// A backend's message (the AMD backend reports its library's errors as text).
+    #[error("{0}")]
+    Backend(String),
+    /// The backend that failed, for the log.
+    #[error("{backend}: {source}")]
+    In {
+        backend: &'static str,
+        source: Box<HookError>,
+    },
+}
+
+impl HookError {
+    pub fn gpu(e: impl std::error::Error + Send + Sync + 'static) -> HookError {
+        HookError::Gpu(Box::new(e))
+    }
+
+    /// Names the backend, once.
+    pub fn in_backend(self, backend: &'static str) -> HookError {
+        match self {
+            e @ HookError::In { .. } => e,
+            e => HookError::In {
+                backend,
+                source: Box::new(e),
+            },
+        }
+    }
+}
+
+/// Errors compare by what they say (tests compare hook results).
+impl PartialEq for HookError {
+    fn eq(&self, other: &HookError) -> bool {
+        self.to_string() == other.to_string()
+    }
+}

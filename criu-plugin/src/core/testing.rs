@@ -1,0 +1,120 @@
+//! A host for tests of the logic without CRIU: records what the backends asked of it, and runs
+//! guardians in-process (a thread over a socketpair) with a fake machine.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::*;
+use crate::guardian::agent::Machine;
+use crate::guardian::{Guardian, GuardianError, Watched};
+
+#[derive(Default)]
+pub struct FakeThreads {
+    pub log: Mutex<Vec<String>>,
+    /// pid -> the stop signal CRIU found it in when it seized it.
+    pub seized_stopped: Mutex<Vec<(i32, i32)>>,
+}
+
+impl ThreadControl for FakeThreads {
+    fn release(&self, pid: i32, tid: i32) -> Result<Released, ThreadError> {
+        self.log.lock().unwrap().push(format!("release {tid}"));
+        Ok(Released {
+            pid,
+            tid,
+            saved_mask: Some(0),
+        })
+    }
+    fn recapture(&self, r: &Released) -> Result<(), ThreadError> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("recapture {}", r.tid));
+        Ok(())
+    }
+    fn take_signal(&self, _r: &Released) -> Option<i32> {
+        None
+    }
+    fn raise(&self, pid: i32, sig: i32) {
+        self.log.lock().unwrap().push(format!("raise {pid} {sig}"));
+    }
+    fn seized_stop_signal(&self, pid: i32) -> Option<i32> {
+        let s = self.seized_stopped.lock().unwrap();
+        s.iter().find(|(p, _)| *p == pid).map(|(_, sig)| *sig)
+    }
+}
+
+pub struct FakeHost {
+    pub final_state: Option<FinalState>,
+    pub image_dir: Option<PathBuf>,
+    pub required: Mutex<Vec<String>>,
+    pub interrupt_only: Mutex<bool>,
+    pub threads: FakeThreads,
+    pub root: Option<i32>,
+    pub seize_left: Option<Duration>,
+    /// The machine guardians act on (none: starting one fails).
+    pub machine: Option<Arc<dyn Machine>>,
+    /// "CRIU" as the guardians see it: [`FakeHost::criu_dies`] ends it.
+    pub watched: Mutex<Vec<Watched>>,
+    pub spawned: Mutex<u32>,
+}
+
+impl FakeHost {
+    pub fn new(image_dir: Option<PathBuf>) -> FakeHost {
+        FakeHost {
+            final_state: Some(FinalState::Dead),
+            image_dir,
+            required: Mutex::new(Vec::new()),
+            interrupt_only: Mutex::new(false),
+            threads: FakeThreads::default(),
+            root: None,
+            seize_left: Some(Duration::from_secs(10)),
+            machine: None,
+            watched: Mutex::new(Vec::new()),
+            spawned: Mutex::new(0),
+        }
+    }
+
+    /// CRIU ends without calling `exit` (SIGKILL): every guardian sees it go.
+    pub fn criu_dies(&self) {
+        self.watched.lock().unwrap().clear();
+    }
+}
+
+impl Host for FakeHost {
+    fn final_state(&self) -> Option<FinalState> {
+        self.final_state
+    }
+    fn require_on_restore(&self, name: &str) -> bool {
+        self.required.lock().unwrap().push(name.to_owned());
+        true
+    }
+    fn use_interrupt_only_seizing(&self) -> bool {
+        *self.interrupt_only.lock().unwrap() = true;
+        true
+    }
+    fn image_dir(&self) -> Option<PathBuf> {
+        self.image_dir.clone()
+    }
+    fn dump_root(&self) -> Option<i32> {
+        self.root
+    }
+    fn seize_time_left(&self) -> Option<Duration> {
+        self.seize_left
+    }
+    fn criu_pid(&self) -> i32 {
+        std::process::id() as i32
+    }
+    fn threads(&self) -> &dyn ThreadControl {
+        &self.threads
+    }
+    fn spawn_guardian(&self, stage: Stage) -> Result<Guardian, GuardianError> {
+        *self.spawned.lock().unwrap() += 1;
+        let Some(m) = &self.machine else {
+            return Err(GuardianError::Spawn("no guardian in this test".into()));
+        };
+        let (g, watched) = crate::guardian::in_thread(stage, m.clone())?;
+        self.watched.lock().unwrap().push(watched);
+        Ok(g)
+    }
+}

@@ -1,0 +1,117 @@
+//! The machine as the guardian process sees it: NVIDIA's driver and NVML (loaded in the
+//! guardian, never in CRIU), processes through /proc, and the record it leaves when it acts
+//! alone (syslog and `gpu-guardian.log` in the image directory).
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use cuda_checkpoint_ctl::driver::{CudaError, DeviceMap, Driver, DriverInfo, ProcessState};
+use cuda_checkpoint_ctl::inventory::Inventory;
+use cuda_checkpoint_ctl::process;
+
+use super::agent::{GpuDriver, Machine};
+use super::proto::Level;
+
+/// The guardian's log file in the image directory.
+pub const LOG_FILE: &str = "gpu-guardian.log";
+
+pub struct Real {
+    driver: OnceLock<Result<Driver, String>>,
+    image_dir: Option<OwnedFd>,
+}
+
+impl Real {
+    pub fn new(image_dir: Option<OwnedFd>) -> Real {
+        Real {
+            driver: OnceLock::new(),
+            image_dir,
+        }
+    }
+}
+
+impl GpuDriver for Driver {
+    fn info(&self) -> DriverInfo {
+        Driver::info(self).clone()
+    }
+    fn restore_tid(&self, pid: i32) -> Result<i32, CudaError> {
+        self.restore_thread_id(pid)
+    }
+    fn state(&self, pid: i32) -> Result<ProcessState, CudaError> {
+        Driver::state(self, pid)
+    }
+    fn lock(&self, pid: i32, timeout: Duration) -> Result<(), CudaError> {
+        Driver::lock(self, pid, Some(timeout))
+    }
+    fn checkpoint(&self, pid: i32) -> Result<(), CudaError> {
+        Driver::checkpoint(self, pid)
+    }
+    fn restore(&self, pid: i32, map: &DeviceMap) -> Result<(), CudaError> {
+        Driver::restore(self, pid, map)
+    }
+    fn unlock(&self, pid: i32) -> Result<(), CudaError> {
+        Driver::unlock(self, pid)
+    }
+    fn inventory(&self) -> Result<Inventory, String> {
+        Inventory::query(None).map_err(|e| e.to_string())
+    }
+}
+
+impl Machine for Real {
+    fn driver(&self) -> Result<&dyn GpuDriver, String> {
+        match self
+            .driver
+            .get_or_init(|| Driver::load(None).map_err(|e| e.to_string()))
+        {
+            Ok(d) => Ok(d),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    fn alive(&self, pid: i32, starttime: u64) -> bool {
+        process::starttime(pid) == Some(starttime) && !process::is_zombie(pid)
+    }
+
+    fn kill(&self, pid: i32) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+
+    fn descendants(&self, pid: i32) -> Vec<(i32, u64)> {
+        process::tree(pid)
+            .into_iter()
+            .filter(|p| *p != pid)
+            .filter_map(|p| Some((p, process::starttime(p)?)))
+            .collect()
+    }
+
+    fn record(&self, level: Level, line: &str) {
+        super::sys::syslog(matches!(level, Level::Error | Level::Warn), line);
+        let Some(dir) = &self.image_dir else {
+            return;
+        };
+        let Ok(fd) = rustix::fs::openat(
+            dir,
+            LOG_FILE,
+            rustix::fs::OFlags::WRONLY
+                | rustix::fs::OFlags::CREATE
+                | rustix::fs::OFlags::APPEND
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::from_raw_mode(0o644),
+        ) else {
+            return;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut f = std::fs::File::from(fd);
+        let _ = writeln!(
+            f,
+            "{now} criu-gpu-guardian[{}] {level:?}: {line}",
+            std::process::id()
+        );
+    }
+}

@@ -1,0 +1,251 @@
+//! The guardian: a small process of its own, forked from CRIU when a command first touches GPU
+//! state, that makes the driver calls for the plugin and outlives CRIU. CRIU can end at any
+//! point (SIGKILL, a runtime's SIGTERM, its own `BUG()` after the seize timeout); the plugin's
+//! `exit` then never runs, but the guardian sees CRIU go (a pidfd) and puts back what the plugin
+//! changed (see [`agent`]).
+//!
+//! Its driver calls survive CRIU too: the driver finishes a call whose caller died (measured), so
+//! a call made from CRIU could land after CRIU's death with nobody left to undo it. Keeping
+//! libcuda and NVML out of CRIU's process also means no CUDA state is ever created in CRIU.
+//!
+//! This module is the plugin's end: a [`Guardian`] sends orders and waits for reports, on CRIU's
+//! thread, with a deadline; log lines the guardian sends are written into CRIU's log there.
+
+pub mod agent;
+pub mod machine;
+pub mod proto;
+mod sys;
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use cuda_checkpoint_ctl::driver::DriverInfo;
+use cuda_checkpoint_ctl::inventory::Inventory;
+use rustix::event::{poll, PollFd, PollFlags};
+
+use self::proto::{Act, Answer, DriverFailure, Level, Order, Outcome, Report};
+use crate::core::Stage;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GuardianError {
+    #[error("cannot start the guardian process: {0}")]
+    Spawn(String),
+    #[error(
+        "the guardian process (pid {0}) ended unexpectedly; GPU processes it was acting on may \
+         be left paused: run `cuda-checkpoint-ctl --recover --all`"
+    )]
+    Gone(i32),
+    #[error("the guardian process did not start within {0:?}")]
+    Silent(Duration),
+}
+
+/// The plugin's end of a guardian.
+pub struct Guardian {
+    link: OwnedFd,
+    pid: i32,
+    driver: Result<DriverInfo, String>,
+    next: u64,
+    replies: BTreeMap<u64, Result<Answer, DriverFailure>>,
+    inventories: BTreeMap<u64, Result<Inventory, String>>,
+    settled: Option<Vec<Outcome>>,
+    buf: Vec<u8>,
+}
+
+impl Guardian {
+    /// Forks the guardian process for `stage` of the CRIU command this process runs. Must be
+    /// called while CRIU runs a single thread (hooks run on it; the plugin's own threads are
+    /// all joined by then).
+    pub fn fork(stage: Stage, image_dir: Option<OwnedFd>) -> Result<Guardian, GuardianError> {
+        let keep: Vec<RawFd> = image_dir.iter().map(|d| d.as_raw_fd()).collect();
+        let (link, pid) = sys::spawn(&keep, move |link, criu, criu_pid| {
+            let machine = std::sync::Arc::new(machine::Real::new(image_dir));
+            if let Ok(agent) = agent::Agent::new(stage, machine, link, criu, criu_pid) {
+                agent.run();
+            }
+        })
+        .map_err(|e| GuardianError::Spawn(e.to_string()))?;
+        Guardian::connect(link, pid, Duration::from_secs(30))
+    }
+
+    /// Connects to a guardian already running at the other end of `link` and waits for its
+    /// greeting (the driver it loaded).
+    pub fn connect(link: OwnedFd, pid: i32, within: Duration) -> Result<Guardian, GuardianError> {
+        let mut g = Guardian {
+            link,
+            pid,
+            driver: Err(String::new()),
+            next: 1,
+            replies: BTreeMap::new(),
+            inventories: BTreeMap::new(),
+            settled: None,
+            buf: vec![0u8; proto::MAX_MESSAGE],
+        };
+        let deadline = Instant::now() + within;
+        let mut hello = None;
+        while hello.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(GuardianError::Silent(within));
+            }
+            if let Some(Report::Hello { driver }) =
+                g.next_report(left.min(Duration::from_millis(50)))?
+            {
+                hello = Some(driver);
+            }
+        }
+        g.driver = hello.unwrap_or_else(|| Err(String::new()));
+        Ok(g)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The driver the guardian loaded, or why it could not.
+    pub fn driver(&self) -> Result<&DriverInfo, &str> {
+        self.driver.as_ref().map_err(String::as_str)
+    }
+
+    pub fn order(&mut self, o: &Order) -> Result<(), GuardianError> {
+        if proto::send(&self.link, o) {
+            Ok(())
+        } else {
+            Err(GuardianError::Gone(self.pid))
+        }
+    }
+
+    /// Sends a driver call; its answer is taken with [`Guardian::take`] once it came.
+    pub fn act(&mut self, pid: i32, act: Act) -> Result<u64, GuardianError> {
+        let seq = self.next;
+        self.next += 1;
+        self.order(&Order::Act { seq, pid, act })?;
+        Ok(seq)
+    }
+
+    pub fn ask_inventory(&mut self) -> Result<u64, GuardianError> {
+        let seq = self.next;
+        self.next += 1;
+        self.order(&Order::Inventory { seq })?;
+        Ok(seq)
+    }
+
+    pub fn take(&mut self, seq: u64) -> Option<Result<Answer, DriverFailure>> {
+        self.replies.remove(&seq)
+    }
+
+    pub fn take_inventory(&mut self, seq: u64) -> Option<Result<Inventory, String>> {
+        self.inventories.remove(&seq)
+    }
+
+    pub fn has_settled(&self) -> bool {
+        self.settled.is_some()
+    }
+
+    pub fn take_settled(&mut self) -> Option<Vec<Outcome>> {
+        self.settled.take()
+    }
+
+    pub fn has(&self, seq: u64) -> bool {
+        self.replies.contains_key(&seq) || self.inventories.contains_key(&seq)
+    }
+
+    /// Takes reports until `ready` holds or `deadline` passes (then `Ok(false)`); `tick` runs
+    /// at least every 50 ms (the thread window watches its threads there).
+    pub fn wait_until(
+        &mut self,
+        deadline: Instant,
+        tick: &mut dyn FnMut(),
+        ready: &dyn Fn(&Guardian) -> bool,
+    ) -> Result<bool, GuardianError> {
+        loop {
+            tick();
+            if ready(self) {
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            self.next_report(left.min(Duration::from_millis(50)))?;
+        }
+    }
+
+    /// Waits for every `seqs` answer (see [`Guardian::wait_until`]).
+    pub fn wait_all(
+        &mut self,
+        seqs: &[u64],
+        deadline: Instant,
+        tick: &mut dyn FnMut(),
+    ) -> Result<bool, GuardianError> {
+        self.wait_until(deadline, tick, &|g| seqs.iter().all(|s| g.has(*s)))
+    }
+
+    /// Reads one report if one comes within `within`, filing it; logs go to CRIU's log now.
+    fn next_report(&mut self, within: Duration) -> Result<Option<Report>, GuardianError> {
+        let ts = rustix::time::Timespec {
+            tv_sec: within.as_secs() as i64,
+            tv_nsec: within.subsec_nanos() as i64,
+        };
+        let mut fds = [PollFd::new(&self.link, PollFlags::IN)];
+        match poll(&mut fds, Some(&ts)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => return Ok(None),
+            Ok(_) => {}
+            Err(_) => return Err(GuardianError::Gone(self.pid)),
+        }
+        let report = match proto::recv::<Report>(&self.link, &mut self.buf) {
+            Ok(Some(r)) => r,
+            Ok(None) | Err(_) => return Err(GuardianError::Gone(self.pid)),
+        };
+        match &report {
+            Report::Done { seq, result, .. } => {
+                self.replies.insert(*seq, result.clone());
+            }
+            Report::Inventory { seq, inventory } => {
+                self.inventories.insert(*seq, inventory.clone());
+            }
+            Report::Settled { outcomes } => self.settled = Some(outcomes.clone()),
+            Report::Log { level, text } => log(*level, text),
+            Report::Hello { .. } => {}
+        }
+        Ok(Some(report))
+    }
+}
+
+fn log(level: Level, text: &str) {
+    match level {
+        Level::Error => tracing::error!("{text}"),
+        Level::Warn => tracing::warn!("{text}"),
+        Level::Info => tracing::info!("{text}"),
+        Level::Debug => tracing::debug!("{text}"),
+    }
+}
+
+/// Stands for CRIU to a guardian run on a thread ([`in_thread`]): while it is held, "CRIU" lives;
+/// dropping it is CRIU ending.
+pub struct Watched {
+    _alive: OwnedFd,
+}
+
+/// A guardian on a thread of this process over a socketpair, for tools outside CRIU
+/// (`criu-gpu-check`) and tests (with a fake machine).
+pub fn in_thread(
+    stage: Stage,
+    machine: std::sync::Arc<dyn agent::Machine>,
+) -> Result<(Guardian, Watched), GuardianError> {
+    use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+    let spawn = |e: std::io::Error| GuardianError::Spawn(e.to_string());
+    let (ours, theirs) = socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| spawn(e.into()))?;
+    let (gone_r, gone_w) = rustix::pipe::pipe().map_err(|e| spawn(e.into()))?;
+    let agent = agent::Agent::new(stage, machine, theirs, gone_r, std::process::id() as i32)
+        .map_err(spawn)?;
+    std::thread::spawn(move || agent.run());
+    let g = Guardian::connect(ours, std::process::id() as i32, Duration::from_secs(30))?;
+    Ok((g, Watched { _alive: gone_w }))
+}

@@ -1,0 +1,192 @@
+//! What the plugin (inside CRIU) and its guardian process say to each other: one JSON message per
+//! datagram of a SOCK_SEQPACKET socketpair.
+
+use std::os::fd::AsFd;
+
+use cuda_checkpoint_ctl::driver::{code, DriverInfo, GpuUuid, ProcessState};
+use cuda_checkpoint_ctl::inventory::Inventory;
+use serde::{Deserialize, Serialize};
+
+/// The largest message either side sends (an inventory of many GPUs is a few KiB).
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// The plugin to the guardian.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Order {
+    /// Journal a process before any driver call on it; its first `Probe` records the state to
+    /// bring it back to.
+    Track {
+        pid: i32,
+        starttime: u64,
+        comm: String,
+    },
+    /// A driver call on a tracked process, run after the process's earlier ones.
+    Act { seq: u64, pid: i32, act: Act },
+    /// NVML's view of the machine.
+    Inventory { seq: u64 },
+    /// Return every tracked process to its state before the dump; answered by `Settled`.
+    RollBack,
+    /// The dump succeeded and CRIU kills the tasks: any still alive once CRIU is gone (a failed
+    /// post-dump script resumes them) is rolled back.
+    Commit,
+    /// Restore: these processes are the restored tree (killed if CRIU dies before `Restored`).
+    Restoring { tree: Vec<(i32, u64)> },
+    /// Restore: the GPU state of the tree is back; nothing to undo any more.
+    Restored,
+    /// The plugin's `exit` is done: the guardian ends once nothing is left for it to watch.
+    Bye,
+}
+
+/// Driver calls.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Act {
+    /// The driver's restore thread and state: whether the process has CUDA state at all.
+    Probe,
+    Lock {
+        timeout_ms: u32,
+    },
+    Checkpoint,
+    /// Restore (onto the GPUs of `pairs`, empty: the same ones), then unlock if asked.
+    Resume {
+        pairs: Vec<(GpuUuid, GpuUuid)>,
+        unlock: bool,
+    },
+    State,
+}
+
+/// The guardian to the plugin.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Report {
+    /// First message: the driver as the guardian loaded it.
+    Hello { driver: Result<DriverInfo, String> },
+    Done {
+        seq: u64,
+        pid: i32,
+        result: Result<Answer, DriverFailure>,
+    },
+    Inventory {
+        seq: u64,
+        inventory: Result<Inventory, String>,
+    },
+    /// A line for CRIU's log, written by the plugin on CRIU's thread.
+    Log { level: Level, text: String },
+    /// The outcome of a `RollBack`, one per tracked process.
+    Settled { outcomes: Vec<Outcome> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Answer {
+    Probe {
+        restore_tid: i32,
+        state: ProcessState,
+    },
+    State(ProcessState),
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    Probe,
+    Lock,
+    Checkpoint,
+    Restore,
+    Unlock,
+    State,
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Probe => "cuCheckpointProcessGetRestoreThreadId",
+            Op::Lock => "cuCheckpointProcessLock",
+            Op::Checkpoint => "cuCheckpointProcessCheckpoint",
+            Op::Restore => "cuCheckpointProcessRestore",
+            Op::Unlock => "cuCheckpointProcessUnlock",
+            Op::State => "cuCheckpointProcessGetState",
+        })
+    }
+}
+
+/// A failed driver call, as the driver named it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{op} returned {name}: {description}")]
+pub struct DriverFailure {
+    pub op: Op,
+    pub code: u32,
+    pub name: String,
+    pub description: String,
+}
+
+impl DriverFailure {
+    /// The process holds no CUDA state (or is gone): not a failure of a CUDA process.
+    pub fn not_cuda(&self) -> bool {
+        matches!(
+            self.code,
+            code::NOT_INITIALIZED | code::NOT_FOUND | code::OPERATING_SYSTEM
+        )
+    }
+
+    /// A lock that gave up waiting for submitted GPU work (r580 answers NOT_READY; TIMEOUT is
+    /// what the CUDA headers suggest and older drivers may use).
+    pub fn lock_gave_up(&self) -> bool {
+        self.op == Op::Lock && matches!(self.code, 600 | code::TIMEOUT)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub pid: i32,
+    pub comm: String,
+    pub result: Result<Returned, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Returned {
+    /// Back in its state before the dump (the state is given).
+    To(ProcessState),
+    /// It exited: nothing to return.
+    Gone,
+    /// Nothing was ever done to it.
+    Untouched,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Level {
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+/// Sends one message; `false` if the peer is gone.
+pub fn send<T: Serialize>(fd: impl AsFd, msg: &T) -> bool {
+    let Ok(bytes) = serde_json::to_vec(msg) else {
+        return false;
+    };
+    loop {
+        match rustix::net::send(&fd, &bytes, rustix::net::SendFlags::NOSIGNAL) {
+            Ok(_) => return true,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Receives one message: `Ok(None)` when the peer closed its end.
+pub fn recv<T: for<'de> Deserialize<'de>>(
+    fd: impl AsFd,
+    buf: &mut [u8],
+) -> std::io::Result<Option<T>> {
+    loop {
+        match rustix::net::recv(&fd, &mut *buf, rustix::net::RecvFlags::empty()) {
+            Ok((0, _)) => return Ok(None),
+            Ok((n, _)) => {
+                return serde_json::from_slice(&buf[..n])
+                    .map(Some)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+            }
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
