@@ -12,9 +12,20 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "format"
 cargo fmt --all -- --check
+# Test builds carry the simulations (the plugin's `simulation` feature); what install.sh installs
+# never does, which the last check shows.
+sim=(--features criu-gpu-plugin/simulation)
 step "lints"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+cargo clippy --locked --workspace --all-targets "${sim[@]}" -- -D warnings
 step "build (the tests run the built binaries and libraries)"
-cargo build --locked --workspace
+cargo build --locked --workspace "${sim[@]}"
 step "tests"
-cargo test --locked --workspace
+cargo test --locked --workspace "${sim[@]}"
+step "the installed plugin holds no simulation"
+cargo build --locked --release -p criu-gpu-plugin
+if grep -q AMD_KFD_SIM_ROOT target/release/libcriu_gpu_plugin.so; then
+	echo "test.sh: the release plugin contains the simulated KFD" >&2
+	exit 1
+fi
+echo "ok: target/release/libcriu_gpu_plugin.so has no simulated driver in it"

@@ -93,7 +93,7 @@ fn main() -> ExitCode {
     for line in &held {
         println!("checkpoint: {line}");
     }
-    let result = check::check(&dir);
+    let result = check::check(&dir, !path.is_file());
     if path.is_file() {
         let _ = std::fs::remove_dir_all(&root);
     }

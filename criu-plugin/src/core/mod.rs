@@ -80,6 +80,11 @@ pub trait Host {
         std::process::id() as i32
     }
     fn threads(&self) -> &dyn ThreadControl;
+    /// Whether every image file is at hand to be checked against its digest (a check of an
+    /// archive looks at a few files only).
+    fn all_images_present(&self) -> bool {
+        true
+    }
     /// Starts the guardian process for this command (see [`crate::guardian`]).
     fn spawn_guardian(
         &self,

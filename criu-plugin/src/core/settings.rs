@@ -42,10 +42,11 @@ pub const KEYS: &[(&str, &str)] = &[
     ("CRIU_GPU_CONFIG", "the settings file"),
 ];
 
-/// Prefixes of the library variables the file may put into criu's environment.
+/// Prefixes of the library variables the file may put into criu's environment. The simulated
+/// CUDA driver is a library of its own, selected by CUDA_CKPT_LIBCUDA; its variables pass like
+/// the real driver's. The simulated KFD is code of the plugin's, in test builds only.
 #[cfg(not(feature = "simulation"))]
-const EXPORTED: &[&str] = &["CRIU_GPU_", "CUDA_CKPT_", "KFD_"];
-/// Test builds also carry the simulations' variables.
+const EXPORTED: &[&str] = &["CRIU_GPU_", "CUDA_CKPT_", "KFD_", "CUDA_SIM_"];
 #[cfg(feature = "simulation")]
 const EXPORTED: &[&str] = &["CRIU_GPU_", "CUDA_CKPT_", "KFD_", "CUDA_SIM_", "AMD_KFD_"];
 

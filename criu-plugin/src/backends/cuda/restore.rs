@@ -98,7 +98,7 @@ impl Restore {
             .unwrap_or_default();
         // Forked before any thread of the plugin's runs in CRIU (the digests are hashed on some).
         let mut g = host.spawn_guardian(Stage::Restore)?;
-        if let (Holds::Record(img), Some(dir)) = (&holds, &dir) {
+        if let (Holds::Record(img), Some(dir), true) = (&holds, &dir, host.all_images_present()) {
             r.verify(img, dir)?;
         }
         if let Err(reason) = g.driver() {
