@@ -72,15 +72,71 @@ impl Criu {
         }
     }
 
-    fn run(&self, sim: &impl Machine, args: &[&str], env: &[(&str, &str)]) -> Output {
-        Command::new(&self.bin)
-            .args(args)
+    /// `criu ARGS --lib PLUGINS` with the machine's environment (not yet started).
+    pub fn command(&self, sim: &impl Machine, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.args(args)
             .args(["--lib", self.plugins.to_str().unwrap()])
             .envs(sim.env())
             .env_remove("LD_LIBRARY_PATH")
-            .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-            .output()
-            .expect("run criu")
+            .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        c
+    }
+
+    fn run(&self, sim: &impl Machine, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.command(sim, args, env).output().expect("run criu")
+    }
+
+    /// `criu dump -t PID -D DIR -v4 -o dump.log [args]`, started in the background.
+    pub fn spawn_dump(
+        &self,
+        sim: &impl Machine,
+        pid: i32,
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> std::process::Child {
+        fs::create_dir_all(dir).unwrap();
+        let pid = pid.to_string();
+        let mut a = vec![
+            "dump",
+            "-t",
+            &pid,
+            "-D",
+            dir.to_str().unwrap(),
+            "-v4",
+            "-o",
+            "dump.log",
+        ];
+        a.extend_from_slice(args);
+        self.command(sim, &a, env)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start criu dump")
+    }
+
+    /// `criu restore -D DIR -d -v4 -o restore.log`, started in the background.
+    pub fn spawn_restore(
+        &self,
+        sim: &impl Machine,
+        dir: &Path,
+        env: &[(&str, &str)],
+    ) -> std::process::Child {
+        let a = [
+            "restore",
+            "-D",
+            dir.to_str().unwrap(),
+            "-d",
+            "-v4",
+            "-o",
+            "restore.log",
+        ];
+        self.command(sim, &a, env)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start criu restore")
     }
 
     /// `criu dump -t PID -D DIR -v4 -o dump.log [args]`.

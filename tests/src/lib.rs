@@ -175,6 +175,13 @@ impl Sim {
         self.daemon = Sim::spawn_daemon(&self.dir, &self.socket, &spec);
     }
 
+    /// Takes the GPUs away: the daemon stops, as if the driver were not loaded.
+    pub fn stop_gpus(&mut self) {
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        let _ = fs::remove_file(&self.socket);
+    }
+
     /// The environment every process of this simulated machine needs.
     pub fn env(&self) -> Vec<(String, String)> {
         vec![

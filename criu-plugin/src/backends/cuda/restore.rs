@@ -114,6 +114,10 @@ impl Restore {
                 return Err(HookError::gpu(RestoreError::NoGpu { what }))
             }
             Some(Ok(inv)) => Some(inv),
+            // NVML's words for a machine whose kernel driver is not there: no GPU to restore on.
+            Some(Err(e)) if e.contains("driver is not loaded") => {
+                return Err(HookError::gpu(RestoreError::NoGpu { what }))
+            }
             Some(Err(e)) => {
                 tracing::warn!(
                     "NVML is not available ({e}): GPUs and free memory are not checked before \

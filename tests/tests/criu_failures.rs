@@ -1,0 +1,347 @@
+//! Failure paths with the real CRIU and the simulated GPU: CRIU killed at each stage of a dump
+//! and of a restore, a failing post-dump script, damaged images, busy processes that must be
+//! locked together. Each ends with the application running with its data (or the images
+//! restoring on a retry), whatever killed CRIU.
+
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use gpu_ckpt_tests::criu::{self, assert_ok, plugin_lines, Criu};
+use gpu_ckpt_tests::*;
+use nix::sys::signal::Signal;
+
+/// Sends `sig` to `child` once `pattern` shows in `log` (after `delay`); false if CRIU ended first.
+fn signal_when(child: &mut Child, log: &Path, pattern: &str, delay: Duration, sig: Signal) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if std::fs::read_to_string(log).is_ok_and(|l| l.contains(pattern)) {
+            std::thread::sleep(delay);
+            signal(child.id() as i32, sig);
+            let _ = child.wait();
+            return true;
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    panic!("{pattern:?} never appeared in {}", log.display());
+}
+
+/// The guardian's record in the image directory, once it mentions `what`.
+fn guardian_log(images: &Path, what: &str) -> String {
+    let path = images.join("gpu-guardian.log");
+    let found = wait_until(Duration::from_secs(20), || {
+        std::fs::read_to_string(&path).is_ok_and(|l| l.contains(what))
+    });
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(found, "the guardian did not log {what:?}: {text}");
+    text
+}
+
+/// The application is running again with every word of its device data.
+fn runs_with_its_data(sim: &Sim, app: &App) {
+    assert!(
+        wait_until(Duration::from_secs(20), || sim.state(app.pid) == "running"),
+        "state {}",
+        sim.state(app.pid)
+    );
+    assert!(app.advances(3), "{}", app.tail());
+    app.assert_healthy();
+}
+
+fn kill_dump_at(pattern: &str, delay: Duration, sig: Signal, app_args: &[&str]) {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", app_args);
+    let images = sim.dir.join("img");
+    let mut criu = c.spawn_dump(&sim, app.pid, &images, &[], &[]);
+    assert!(
+        signal_when(&mut criu, &images.join("dump.log"), pattern, delay, sig),
+        "CRIU ended before {pattern:?}"
+    );
+    let rec = guardian_log(&images, "returned to its state before the dump");
+    assert!(rec.contains("ended in the middle of a dump"), "{rec}");
+    runs_with_its_data(&sim, &app);
+}
+
+#[test]
+fn criu_killed_while_a_lock_waits_for_the_gpu_leaves_the_app_running() {
+    // The lock lands after CRIU died (the driver finishes calls whose caller is gone): the
+    // guardian waits for it, then unlocks.
+    kill_dump_at(
+        "criu_gpu' hook 10",
+        Duration::from_millis(300),
+        Signal::SIGKILL,
+        &["--busy-ms", "1500", "--interval-ms", "0"],
+    );
+}
+
+#[test]
+fn criu_killed_during_the_gpu_checkpoint_leaves_the_app_running() {
+    kill_dump_at(
+        "criu_gpu' hook 11",
+        Duration::ZERO,
+        Signal::SIGKILL,
+        &["--mib", "256"],
+    );
+}
+
+#[test]
+fn criu_killed_while_dumping_pages_leaves_the_app_running() {
+    kill_dump_at(
+        "checkpointed 1 CUDA process",
+        Duration::ZERO,
+        Signal::SIGKILL,
+        &["--mib", "256"],
+    );
+}
+
+#[test]
+fn criu_terminated_by_a_runtime_leaves_the_app_running() {
+    kill_dump_at(
+        "checkpointed 1 CUDA process",
+        Duration::ZERO,
+        Signal::SIGTERM,
+        &["--mib", "256"],
+    );
+}
+
+/// An action script: exits 1 for `fail`, SIGKILLs CRIU (its parent) for `kill`.
+fn action_script(dir: &Path, fail: &str, kill: &str) -> String {
+    let path = dir.join("action.sh");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = '{fail}' ] && exit 1\n\
+             [ \"$CRTOOLS_SCRIPT_ACTION\" = '{kill}' ] && kill -9 $PPID\nexit 0\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn a_failing_post_dump_script_leaves_nothing_checkpointed() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "32"]);
+    let images = sim.dir.join("img");
+    let script = action_script(&sim.dir, "post-dump", "none");
+    let out = c.dump(&sim, app.pid, &images, &["--action-script", &script], &[]);
+    assert!(!out.status.success(), "CRIU reports the script's failure");
+    // Stock CRIU tells plugins the dump succeeded and resumes the tasks: the guardian sees them
+    // alive once CRIU is gone. The project's CRIU tells the plugin, which rolls back in `exit`.
+    runs_with_its_data(&sim, &app);
+}
+
+#[test]
+fn criu_killed_mid_restore_leaves_no_half_restored_tree_and_the_images_restore() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "32"]);
+    let images = sim.dir.join("img");
+    assert_ok(
+        &c.dump(&sim, app.pid, &images, &[], &[]),
+        &images,
+        "dump.log",
+    );
+    wait_gone(app.pid);
+    // After the memory is restored, before the GPU state is: CRIU dies.
+    let script = action_script(&sim.dir, "none", "post-restore");
+    let out = c.restore(&sim, &images, &["--action-script", &script], &[]);
+    assert!(!out.status.success());
+    let rec = guardian_log(&images, "half-restored");
+    assert!(rec.contains("restore again"), "{rec}");
+    wait_gone(app.pid);
+    assert_ok(&c.restore(&sim, &images, &[], &[]), &images, "restore.log");
+    sim.adopt(app.pid);
+    runs_with_its_data(&sim, &app);
+}
+
+#[test]
+fn busy_processes_are_locked_together_within_criu_timeout() {
+    // Two processes whose kernels take 1.5 s: one lock after the other needs up to 3 s, more
+    // than criu --timeout 2 allows; locked together they take 1.5 s.
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let root = sim.app(
+        "busy",
+        &[
+            "--children",
+            "1",
+            "--busy-ms",
+            "1500",
+            "--interval-ms",
+            "0",
+            "--mib",
+            "8",
+        ],
+    );
+    let images = sim.dir.join("img");
+    let out = c.dump(&sim, root.pid, &images, &["--timeout", "2"], &[]);
+    assert_ok(&out, &images, "dump.log");
+    let log = plugin_lines(&images, "dump.log").join("\n");
+    assert!(log.contains("locked 2 CUDA process(es) at once"), "{log}");
+    assert!(
+        !criu::log(&images, "dump.log").contains("Timeout reached"),
+        "the locks fit in CRIU's seize time"
+    );
+}
+
+#[test]
+fn damaged_or_truncated_pages_are_refused_with_the_file_name_and_a_good_copy_restores() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "16"]);
+    let images = sim.dir.join("img");
+    assert_ok(
+        &c.dump(&sim, app.pid, &images, &[], &[]),
+        &images,
+        "dump.log",
+    );
+    wait_gone(app.pid);
+    let pages = std::fs::read_dir(&images)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
+        })
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let good = std::fs::read(&pages).unwrap();
+    let name = pages.file_name().unwrap().to_string_lossy().into_owned();
+
+    let mut bad = good.clone();
+    bad[good.len() / 2] ^= 0x55;
+    std::fs::write(&pages, &bad).unwrap();
+    let out = c.restore(&sim, &images, &[], &[]);
+    assert!(!out.status.success());
+    let log = criu::log(&images, "restore.log");
+    assert!(
+        log.contains(&format!("{name} is damaged")),
+        "{}",
+        criu::tail(&log, 10)
+    );
+    assert!(!pid_alive(app.pid), "nothing was started");
+
+    std::fs::write(&pages, &good[..good.len() / 3]).unwrap();
+    let out = c.restore(&sim, &images, &[], &[]);
+    assert!(!out.status.success());
+    let log = criu::log(&images, "restore.log");
+    assert!(
+        log.contains(&format!("{name} is truncated")),
+        "{}",
+        criu::tail(&log, 10)
+    );
+
+    std::fs::write(&pages, &good).unwrap();
+    assert_ok(&c.restore(&sim, &images, &[], &[]), &images, "restore.log");
+    sim.adopt(app.pid);
+    runs_with_its_data(&sim, &app);
+}
+
+#[test]
+fn a_leftover_record_in_a_reused_directory_does_not_break_a_later_dump() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let gpu = sim.app("gpu", &["--mib", "8"]);
+    let images = sim.dir.join("img");
+    assert_ok(
+        &c.dump(&sim, gpu.pid, &images, &[], &[]),
+        &images,
+        "dump.log",
+    );
+    // The same directory, now for a process without CUDA.
+    let plain = sim.app("plain", &["--plain"]);
+    assert_ok(
+        &c.dump(&sim, plain.pid, &images, &[], &[]),
+        &images,
+        "dump.log",
+    );
+    wait_gone(plain.pid);
+    assert_ok(&c.restore(&sim, &images, &[], &[]), &images, "restore.log");
+    sim.adopt(plain.pid);
+    let log = criu::log(&images, "restore.log");
+    assert!(
+        log.contains("is not this image's"),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    let n = plain.lines().len();
+    assert!(wait_until(Duration::from_secs(5), || plain.lines().len() > n + 2));
+}
+
+#[test]
+fn a_restore_without_a_gpu_is_refused_before_anything_starts() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "8"]);
+    let images = sim.dir.join("img");
+    assert_ok(
+        &c.dump(&sim, app.pid, &images, &[], &[]),
+        &images,
+        "dump.log",
+    );
+    wait_gone(app.pid);
+    // The driver library loads, but the GPUs are gone: NVML says the driver is not loaded.
+    sim.stop_gpus();
+    let out = c.restore(&sim, &images, &[], &[]);
+    assert!(!out.status.success());
+    let log = criu::log(&images, "restore.log");
+    assert!(
+        log.contains("nothing was restored") && !log.contains("Forking"),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    assert!(!pid_alive(app.pid));
+}
+
+#[test]
+fn lazy_pages_are_refused_and_nothing_is_locked() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "8"]);
+    let images = sim.dir.join("img");
+    let out = c.dump(&sim, app.pid, &images, &["--lazy-pages"], &[]);
+    assert!(!out.status.success());
+    let log = criu::log(&images, "dump.log");
+    assert!(log.contains("--lazy-pages"), "{}", criu::tail(&log, 20));
+    runs_with_its_data(&sim, &app);
+}
+
+#[test]
+fn settings_are_checked_where_they_matter() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "8"]);
+    let images = sim.dir.join("img");
+    // A bad restore-only setting and a typo: the dump goes on, the typo is named.
+    let env = [
+        ("CRIU_GPU_DEVICE_MAP", "GPU-nope"),
+        ("CRIU_GPU_LOCK_TIMOUT_MS", "100"),
+    ];
+    let out = c.dump(&sim, app.pid, &images, &["--leave-running"], &env);
+    assert_ok(&out, &images, "dump.log");
+    let log = criu::log(&images, "dump.log");
+    assert!(
+        log.contains("unknown setting CRIU_GPU_LOCK_TIMOUT_MS"),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    // The restore needs the map: refused with the key named, before anything starts.
+    signal(app.pid, Signal::SIGKILL);
+    wait_gone(app.pid);
+    let out = c.restore(&sim, &images, &[], &env);
+    assert!(!out.status.success());
+    let log = criu::log(&images, "restore.log");
+    assert!(
+        log.contains("CRIU_GPU_DEVICE_MAP=\"GPU-nope\""),
+        "{}",
+        criu::tail(&log, 20)
+    );
+}
