@@ -200,7 +200,7 @@ sleep 1
 kill -9 "$PID"
 say "E3 killed the target 1 s into its checkpoint"
 for _ in $(seq 300); do [ -d "/proc/$C3" ] || break; sleep 0.1; done
-say "E3 caller: alive=$([ -d /proc/$C3 ] && echo yes || echo no) $(cat "$WORK/e3.ckpt" | tr '\n' ' ')"
+say "E3 caller: alive=$([ -d /proc/$C3 ] && echo yes || echo no) $(tr '\n' ' ')"
 kill -9 "$C3" 2>/dev/null
 
 say "== E4: lock and checkpoint while only the restore thread is held by a debugger"
@@ -246,7 +246,7 @@ start_app e6 1
 CG=/sys/fs/cgroup/driver-facts-e6
 if mkdir -p "$CG" 2>/dev/null && echo "$PID" >"$CG/cgroup.procs" 2>/dev/null && echo 1 >"$CG/cgroup.freeze"; then
 	sleep 0.5
-	say "E6 frozen: $(cat "$CG/cgroup.events" | tr '\n' ' ')"
+	say "E6 frozen: $(cat "$CG/cgroup.events" )"
 	"$CTL" --action lock --pid "$PID" --timeout 2000 >"$WORK/e6.lock" 2>&1 &
 	C6=$!
 	sleep 5
@@ -277,7 +277,7 @@ ctl --action lock --pid "$PID" --timeout 1000
 ctl --action unlock --pid "$PID"
 ctl --action checkpoint --pid "$PID"
 wait "$C7"
-say "E7 first lock: $(cat "$WORK/e7.lock" | tr '\n' ' ') state=$(state "$PID")"
+say "E7 first lock: $(tr '\n' ' ' <"$WORK/e7.lock") state=$(state "$PID")"
 ctl --action unlock --pid "$PID"
 s=$(date +%s.%N)
 ctl --action lock --pid "$PID" --timeout 3000

@@ -81,7 +81,7 @@ ask_verify() {
 }
 
 # verified_ok LINE: the application found its data intact.
-verified_ok() { [[ $1 == *"mismatches=0 "* || $1 == *"equal=True"* ]]; }
+verified_ok() { [[ $1 =~ mismatches=0( |$) || $1 == *"equal=True"* ]]; }
 
 cleanup_apps() {
 	for p in "${APPS[@]}"; do kill -9 "$p" 2>/dev/null || true; done

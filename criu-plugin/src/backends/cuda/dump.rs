@@ -118,6 +118,12 @@ impl Dump {
             required: false,
             phase: Phase::Start,
         };
+        // A record left by an earlier dump into the same directory is not this image's.
+        if let Some(dir) = host.image_dir() {
+            if std::fs::remove_file(dir.join(image::RECORD)).is_ok() {
+                tracing::info!("removed {} of an earlier dump", image::RECORD);
+            }
+        }
         let Some(root) = host.dump_root() else {
             return d;
         };
