@@ -112,7 +112,7 @@ struct Worker {
     pid: i32,
     comm: String,
     starttime: u64,
-    /// The state before the dump, as the first probe found it.
+    /// The state before the dump, as the first state query found it.
     initial: Option<ProcessState>,
     machine: Arc<dyn Machine>,
     out: Arc<Outbox>,
@@ -143,7 +143,7 @@ impl Worker {
                 Job::Act { seq, act } => {
                     let result = self.act(&act);
                     match (&result, &act) {
-                        (Ok(Answer::Probe { state, .. }), _) => {
+                        (Ok(Answer::State(state)), _) => {
                             self.initial.get_or_insert(*state);
                         }
                         // A lock only succeeds on a running process.
@@ -174,11 +174,10 @@ impl Worker {
         let driver = self.machine.driver().map_err(|e| no_driver(Op::Probe, e))?;
         let pid = self.pid;
         match act {
-            Act::Probe => {
-                let restore_tid = driver.restore_tid(pid).map_err(|e| failure(Op::Probe, e))?;
-                let state = driver.state(pid).map_err(|e| failure(Op::State, e))?;
-                Ok(Answer::Probe { restore_tid, state })
-            }
+            Act::Probe => driver
+                .restore_tid(pid)
+                .map(Answer::Thread)
+                .map_err(|e| failure(Op::Probe, e)),
             Act::State => driver
                 .state(pid)
                 .map(Answer::State)
@@ -213,7 +212,7 @@ impl Worker {
     fn roll_back(&self) -> Result<Returned, String> {
         let pid = self.pid;
         let Some(initial) = self.initial else {
-            // Never probed: nothing was done to it.
+            // Its state was never asked: nothing was done to it.
             return Ok(Returned::Untouched);
         };
         let driver = self.machine.driver()?;

@@ -40,7 +40,8 @@ pub enum Order {
 /// Driver calls.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Act {
-    /// The driver's restore thread and state: whether the process has CUDA state at all.
+    /// The driver's restore thread: whether the process has CUDA state at all. Answers at once
+    /// (measured), unlike `State`, which needs that thread to run.
     Probe,
     Lock {
         timeout_ms: u32,
@@ -76,10 +77,8 @@ pub enum Report {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Answer {
-    Probe {
-        restore_tid: i32,
-        state: ProcessState,
-    },
+    /// The driver's restore thread.
+    Thread(i32),
     State(ProcessState),
     Done,
 }

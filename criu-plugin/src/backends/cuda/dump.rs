@@ -211,7 +211,8 @@ impl Dump {
                 reason: reason.to_owned(),
             }));
         }
-        // Probe: which of them hold CUDA state, and in which state.
+        // Which of them hold CUDA state: the driver's restore thread answers at once.
+        let probe_until = deadline.min(Instant::now() + Duration::from_secs(2));
         let mut probes = BTreeMap::new();
         for (pid, _) in &candidates {
             g.order(&Order::Track {
@@ -222,40 +223,63 @@ impl Dump {
             probes.insert(*pid, g.act(*pid, Act::Probe)?);
         }
         let seqs: Vec<u64> = probes.values().copied().collect();
-        g.wait_all(&seqs, deadline, &mut || {})?;
+        g.wait_all(&seqs, probe_until, &mut || {})?;
         let criu = host.criu_pid();
-        let mut found = Vec::new();
+        // (process, restore thread, NCCL)
+        let mut cuda: Vec<(Who, i32, bool)> = Vec::new();
         for ((pid, nccl), w) in candidates.iter().zip(all) {
-            let answer = g.take(probes[pid]);
-            let (tid, state) = match answer {
-                Some(Ok(Answer::Probe { restore_tid, state })) => (restore_tid, state),
-                Some(Err(e)) if e.not_cuda() => continue,
+            match g.take(probes[pid]) {
+                Some(Ok(Answer::Thread(tid))) => cuda.push((w, tid, *nccl)),
+                Some(Err(e)) if e.not_cuda() => {}
                 Some(Err(e)) => {
                     return Err(HookError::gpu(DumpError::Checkpoints {
                         failures: vec![(w, ActionFailure::Driver(e))],
                     }))
                 }
-                Some(Ok(_)) => continue,
+                _ => return Err(HookError::gpu(DumpError::Busy(w))),
+            }
+        }
+        for (w, tid, _) in &cuda {
+            if ctx.stage == Stage::PreDump {
+                return Err(HookError::gpu(DumpError::PreDump(w.clone())));
+            }
+            if crate::abi::criu::lazy_pages() {
+                return Err(HookError::gpu(DumpError::LazyPages(w.clone())));
+            }
+            // The state query, the lock and the checkpoint all need this thread to run: the
+            // driver waits for it without limit (measured).
+            if let Some(held) = procs.held(w.pid, Some(*tid), criu) {
+                return Err(HookError::gpu(DumpError::Held {
+                    who: w.clone(),
+                    held,
+                }));
+            }
+        }
+        let mut states = BTreeMap::new();
+        for (w, _, _) in &cuda {
+            states.insert(w.pid, g.act(w.pid, Act::State)?);
+        }
+        let seqs: Vec<u64> = states.values().copied().collect();
+        g.wait_all(&seqs, deadline, &mut || {})?;
+        let mut found = Vec::new();
+        for (w, tid, nccl) in cuda {
+            let state = match g.take(states[&w.pid]) {
+                Some(Ok(Answer::State(s))) => s,
+                Some(Err(e)) => {
+                    return Err(HookError::gpu(DumpError::Checkpoints {
+                        failures: vec![(w, ActionFailure::Driver(e))],
+                    }))
+                }
                 // GetState waits while another action is pending on the process.
-                None => {
-                    return Err(HookError::gpu(match procs.held(*pid, None, criu) {
+                _ => {
+                    return Err(HookError::gpu(match procs.held(w.pid, Some(tid), criu) {
                         Some(held) => DumpError::Held { who: w, held },
                         None => DumpError::Busy(w),
                     }))
                 }
             };
-            if ctx.stage == Stage::PreDump {
-                return Err(HookError::gpu(DumpError::PreDump(w)));
-            }
-            if crate::abi::criu::lazy_pages() {
-                return Err(HookError::gpu(DumpError::LazyPages(w)));
-            }
             match state {
-                ProcessState::Running => {
-                    if let Some(held) = procs.held(*pid, Some(tid), criu) {
-                        return Err(HookError::gpu(DumpError::Held { who: w, held }));
-                    }
-                }
+                ProcessState::Running => {}
                 ProcessState::Locked | ProcessState::Checkpointed => tracing::warn!(
                     "CUDA {w} is already {state}: someone else paused it (a CRIU that died, a \
                      concurrent dump, cuda-checkpoint); it is dumped and restored {state}, not \
@@ -271,11 +295,11 @@ impl Dump {
                 }
             }
             found.push(Proc {
-                ns_pid: procs.ns_pid(*pid).unwrap_or(*pid),
+                ns_pid: procs.ns_pid(w.pid).unwrap_or(w.pid),
                 who: w,
                 tid,
                 initial: state,
-                nccl: *nccl,
+                nccl,
                 usage: Vec::new(),
             });
         }

@@ -281,6 +281,7 @@ impl Restore {
             }
         }
         let upstream = matches!(holds, Holds::Upstream);
+        // The driver's restore thread of each: its id, and that it holds CUDA state.
         // The driver's restore thread of each: its id, and that it is ours to restore.
         let mut probes = Vec::new();
         for (pid, p) in &todo {
@@ -307,12 +308,8 @@ impl Restore {
                 comm: p.comm.clone(),
             };
             match g.take(*seq) {
-                Some(Ok(Answer::Probe { restore_tid, state })) => {
-                    if upstream && state != ProcessState::Checkpointed {
-                        continue; // not checkpointed by the dump: not a CUDA process of it
-                    }
-                    threads.push((*pid, restore_tid));
-                }
+                // (No state query here: it needs the thread to run, and CRIU holds it.)
+                Some(Ok(Answer::Thread(restore_tid))) => threads.push((*pid, restore_tid)),
                 Some(Err(e)) if upstream && e.not_cuda() => continue,
                 Some(Err(e)) => {
                     results.insert(*pid, Err(RestoreError::NoRestoreThread(who, e).to_string()));
