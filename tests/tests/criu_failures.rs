@@ -350,3 +350,54 @@ fn settings_are_checked_where_they_matter() {
         criu::tail(&log, 20)
     );
 }
+
+#[test]
+fn a_restore_that_leaves_the_tree_stopped_restores_the_gpu_state_first() {
+    // `criu restore --leave-stopped` queues SIGSTOP for the tasks before the GPU state is back;
+    // the driver's thread must not stop on it, or the restore waits for ever.
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "16"]);
+    let images = sim.dir.join("img");
+    assert_ok(
+        &c.dump(&sim, app.pid, &images, &[], &[]),
+        &images,
+        "dump.log",
+    );
+    wait_gone(app.pid);
+    let start = Instant::now();
+    let out = c.restore(&sim, &images, &["--leave-stopped"], &[]);
+    assert_ok(&out, &images, "restore.log");
+    assert!(start.elapsed() < Duration::from_secs(20));
+    sim.adopt(app.pid);
+    assert!(
+        wait_until(Duration::from_secs(5), || std::fs::read_to_string(format!(
+            "/proc/{}/stat",
+            app.pid
+        ))
+        .is_ok_and(|s| s
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('T')))),
+        "the process is left stopped"
+    );
+    assert!(app.stalls_for(Duration::from_millis(500)));
+    signal(app.pid, Signal::SIGCONT);
+    runs_with_its_data(&sim, &app);
+}
+
+#[test]
+fn a_dump_that_leaves_the_tree_stopped_puts_the_gpu_state_back() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", "16"]);
+    let images = sim.dir.join("img");
+    let out = c.dump(&sim, app.pid, &images, &["--leave-stopped"], &[]);
+    assert_ok(&out, &images, "dump.log");
+    assert_eq!(
+        sim.state(app.pid),
+        "running",
+        "GPU state back, process stopped"
+    );
+    signal(app.pid, Signal::SIGCONT);
+    runs_with_its_data(&sim, &app);
+}

@@ -11,9 +11,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::core::{FinalState, HookResult, Host, Inventory, Plugin, Stage, ThreadControl, Verdict};
+use crate::core::{
+    stats, FinalState, HookResult, Host, Inventory, Plugin, Stage, ThreadControl, Verdict,
+};
 use crate::guardian::{Guardian, GuardianError};
 
 /// CRIU's plugin ABI version (CRIU_PLUGIN_VERSION, unchanged since 2014).
@@ -125,6 +127,7 @@ impl Inventory for CriuInventory {
 
 /// Runs `f` on the plugin, turning panics and errors into CRIU's conventions.
 fn with_plugin(hook: &str, f: impl FnOnce(&mut Plugin) -> HookResult<c_int>) -> c_int {
+    let start = Instant::now();
     let result = catch_unwind(AssertUnwindSafe(|| {
         let mut guard = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
         match guard.as_mut() {
@@ -145,10 +148,12 @@ fn with_plugin(hook: &str, f: impl FnOnce(&mut Plugin) -> HookResult<c_int>) -> 
         }
     };
     crate::log::flush();
+    stats::hook(start.elapsed(), code == -ENOTSUP);
     code
 }
 
 extern "C" fn init(stage: c_int) -> c_int {
+    let start = Instant::now();
     crate::log::init();
     crate::core::settings::export_file_settings();
     let r = catch_unwind(|| {
@@ -176,16 +181,20 @@ extern "C" fn init(stage: c_int) -> c_int {
         }
     };
     crate::log::flush();
+    stats::hook(start.elapsed(), false);
     code
 }
 
 extern "C" fn exit(_stage: c_int, ret: c_int) {
+    let start = Instant::now();
     let _ = catch_unwind(|| {
         let mut guard = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(mut p) = guard.take() {
             p.exit(ret == 0);
         }
     });
+    stats::hook(start.elapsed(), false);
+    tracing::info!("{}", stats::summary());
     crate::log::flush();
 }
 

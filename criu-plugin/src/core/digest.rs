@@ -116,13 +116,16 @@ pub fn digest(dir: &Path, names: &[String]) -> Result<Vec<FileDigest>, DigestErr
     if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }
+    // Chunks are listed file by file, in order.
     let mut out: Vec<FileDigest> = Vec::with_capacity(names.len());
+    let mut k = 0;
     for (i, name) in names.iter().enumerate() {
         let mut h = Xxh3::new();
         h.update(&sizes[i].to_le_bytes());
-        for (k, _) in chunks.iter().enumerate().filter(|(_, c)| c.0 == i) {
+        while k < chunks.len() && chunks[k].0 == i {
             let part = *hashes[k].lock().unwrap_or_else(|e| e.into_inner());
             h.update(&part.to_le_bytes());
+            k += 1;
         }
         out.push(FileDigest {
             name: name.clone(),

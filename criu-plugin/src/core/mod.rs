@@ -6,6 +6,7 @@ pub mod digest;
 pub mod error;
 pub mod record;
 pub mod settings;
+pub mod stats;
 pub mod threads;
 
 use std::os::fd::{BorrowedFd, RawFd};

@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
 use cuda_checkpoint_ctl::inventory::Inventory;
+use cuda_checkpoint_ctl::process::Libraries;
 
 use super::error::{ActionFailure, DumpError, LockFailure, Who};
 use super::image::{self, CudaImage, ProcessRecord, Usage};
 use super::procs::Procs;
 use super::{action_limit, gib, INVENTORY_NAME};
 use crate::core::{
-    digest, record, FinalState, HookError, HookResult, Host, Settings, Stage, ThreadWindow, Verdict,
+    digest, record, stats, FinalState, HookError, HookResult, Host, Settings, Stage, ThreadWindow,
+    Verdict,
 };
 use crate::guardian::proto::{Act, Answer, Order, Returned};
 use crate::guardian::Guardian;
@@ -62,6 +64,8 @@ pub struct Dump {
     link: Link,
     required: bool,
     phase: Phase,
+    /// What each process of the tree maps, read once.
+    libs: BTreeMap<i32, Libraries>,
 }
 
 /// What the dump knows of its command and machine.
@@ -117,6 +121,7 @@ impl Dump {
             link: Link::default(),
             required: false,
             phase: Phase::Start,
+            libs: BTreeMap::new(),
         };
         // A record left by an earlier dump into the same directory is not this image's.
         if let Some(dir) = host.image_dir() {
@@ -127,12 +132,8 @@ impl Dump {
         let Some(root) = host.dump_root() else {
             return d;
         };
-        let procs = &d.ctx.procs;
-        let cuda = procs
-            .tree(root)
-            .into_iter()
-            .any(|p| procs.libraries(p).is_ok_and(|l| l.libcuda));
-        if !cuda {
+        let pids = d.ctx.procs.tree(root);
+        if d.candidates(&pids).is_empty() {
             return d;
         }
         if stage == Stage::Dump && !host.use_interrupt_only_seizing() {
@@ -148,17 +149,41 @@ impl Dump {
         d
     }
 
+    /// The processes among `pids` that map the CUDA driver, with whether they map NCCL.
+    fn candidates(&mut self, pids: &[i32]) -> Vec<(i32, bool)> {
+        let start = Instant::now();
+        let mut out = Vec::new();
+        let mut read = 0;
+        for &pid in pids {
+            let libs = match self.libs.get(&pid) {
+                Some(l) => *l,
+                None => match self.ctx.procs.libraries(pid).inspect(|_| read += 1) {
+                    Ok(l) => *self.libs.entry(pid).or_insert(l),
+                    Err(_) => continue,
+                },
+            };
+            if libs.libcuda {
+                out.push((pid, libs.nccl));
+            }
+        }
+        stats::scanned(read, start.elapsed());
+        out
+    }
+
     pub fn pause(&mut self, host: &dyn Host, pid: i32) -> HookResult {
         let tree = match &mut self.phase {
             Phase::Start => {
                 // The first call is for the root: the whole tree is paused now.
+                let start = Instant::now();
                 let pids = self.ctx.procs.tree(pid);
+                stats::scanned(0, start.elapsed());
+                let candidates = self.candidates(&pids);
                 self.phase = Phase::Paused(Tree {
                     scanned: pids.iter().copied().collect(),
                     ..Tree::default()
                 });
                 let budget = host.seize_time_left().unwrap_or(DEFAULT_SEIZE);
-                return self.pause_some(host, &pids, pid, budget);
+                return self.pause_some(host, candidates, pid, budget);
             }
             Phase::Paused(tree) => tree,
         };
@@ -170,15 +195,16 @@ impl Dump {
         }
         // Forked after the root was paused: paused alone, with what is left of the budget.
         let budget = host.seize_time_left().unwrap_or(DEFAULT_SEIZE);
-        self.pause_some(host, &[pid], pid, budget)
+        let candidates = self.candidates(&[pid]);
+        self.pause_some(host, candidates, pid, budget)
     }
 
-    /// Finds the CUDA processes among `pids`, checks they can be locked, and locks the running
-    /// ones at once. The verdict is for `asked`.
+    /// Checks which of `candidates` hold CUDA state and that they can be locked, and locks the
+    /// running ones at once. The verdict is for `asked`.
     fn pause_some(
         &mut self,
         host: &dyn Host,
-        pids: &[i32],
+        candidates: Vec<(i32, bool)>,
         asked: i32,
         budget: Duration,
     ) -> HookResult {
@@ -187,13 +213,6 @@ impl Dump {
         let deadline = started + budget.saturating_sub(margin);
         let ctx = &self.ctx;
         let procs = &*ctx.procs;
-        let candidates: Vec<(i32, bool)> = pids
-            .iter()
-            .filter_map(|&p| {
-                let l = procs.libraries(p).ok()?;
-                l.libcuda.then_some((p, l.nccl))
-            })
-            .collect();
         if candidates.is_empty() {
             return Ok(Verdict::NotMine);
         }
@@ -307,6 +326,7 @@ impl Dump {
             self.required = host.require_on_restore(INVENTORY_NAME);
         }
         let result = ctx.lock(g, &found, deadline, started + budget);
+        stats::gpu_work(started.elapsed());
         if let Phase::Paused(tree) = &mut self.phase {
             tree.cuda.extend(found.iter().cloned());
         }
