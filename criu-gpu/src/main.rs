@@ -280,9 +280,10 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
     match result {
         Ok(()) => Ok(0),
         Err(e) => {
-            // The summary carried the error already in JSON; say it on stderr for logs.
-            eprintln!("criu-gpu: ERROR: {e}");
-            if !json {
+            // With --json the summary carries the error; stderr gets it for the logs.
+            if json {
+                eprintln!("criu-gpu: ERROR: {e}");
+            } else {
                 out::line(format!("ERROR: {e}"));
             }
             Ok(1)

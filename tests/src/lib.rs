@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 pub mod amd;
 pub mod criu;
+pub mod kube;
 pub mod podman;
 
 /// A simulated machine the tests run processes and CRIU on.

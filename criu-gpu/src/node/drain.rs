@@ -304,10 +304,7 @@ fn prepare(
     Ok((plan, controllers))
 }
 
-fn controllers_of(
-    api: &Api,
-    plan: &Plan,
-) -> Result<Controllers, NodeError> {
+fn controllers_of(api: &Api, plan: &Plan) -> Result<Controllers, NodeError> {
     let mut m = BTreeMap::new();
     for t in &plan.targets {
         let key = (t.namespace.clone(), t.pod.clone());
