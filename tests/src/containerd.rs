@@ -58,7 +58,10 @@ pub struct Containerd {
 }
 
 impl Containerd {
-    pub fn start(scratch: &Path) -> Containerd {
+    /// `plugin_settings`: the plugin's settings file for the CRIU runs of this daemon's
+    /// containers (runc's CRIU inherits the daemon's environment), so the test leaves
+    /// /etc/criu/gpu-plugin.conf alone.
+    pub fn start(scratch: &Path, plugin_settings: &Path) -> Containerd {
         let dir = scratch.join("containerd");
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("containerd.sock");
@@ -78,6 +81,7 @@ impl Containerd {
             .arg("--config")
             .arg(dir.join("config.toml"))
             .env("PATH", path)
+            .env("CRIU_GPU_CONFIG", plugin_settings)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
@@ -137,6 +141,33 @@ impl Containerd {
         .iter()
         .find_map(|p| std::fs::read_to_string(p).ok())
         .unwrap_or_default()
+    }
+
+    /// The CRIU logs runc left under this containerd's directories (tails of each), for
+    /// failure messages.
+    pub fn criu_logs(&self) -> String {
+        let mut found = Vec::new();
+        let mut dirs = vec![self.dir.clone()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if e.file_type().is_ok_and(|t| t.is_dir() && !t.is_symlink()) {
+                    if !p.ends_with("rootfs") && !p.ends_with("snapshots") {
+                        dirs.push(p);
+                    }
+                } else if p.to_string_lossy().ends_with("dump.log")
+                    || p.to_string_lossy().ends_with("restore.log")
+                {
+                    let text = std::fs::read_to_string(&p).unwrap_or_default();
+                    found.push(format!(
+                        "--- {}\n{}",
+                        p.display(),
+                        crate::criu::tail(&text, 25)
+                    ));
+                }
+            }
+        }
+        found.join("\n")
     }
 
     /// Shims this daemon started (they outlive it).

@@ -22,9 +22,12 @@ fn ok(out: &std::process::Output, what: &str) {
     );
 }
 
-fn criu_gpu(args: &[&str]) -> std::process::Output {
+/// criu-gpu on the simulated machine, with its settings from the environment only.
+fn criu_gpu(sim: &Sim, args: &[&str]) -> std::process::Output {
     std::process::Command::new(artifact("criu-gpu"))
         .args(args)
+        .envs(sim.env())
+        .env("CRIU_GPU_CONFIG", "/nonexistent")
         .output()
         .unwrap()
 }
@@ -53,7 +56,6 @@ fn import_image(ctd: &Containerd, scratch: &Path) -> String {
 fn a_gpu_container_is_checkpointed_exported_imported_and_restored_with_ctr() {
     containerd::require();
     let mut sim = Sim::start();
-    let _settings = Settings::set(&Settings::for_sim(&sim));
     let criu = criu::Criu::new(&sim);
     // runc hands this file to CRIU: the plugin under test, CRIU's timeout for the GPU lock.
     let criu_conf = sim.dir.join("criu-runc.conf");
@@ -62,7 +64,9 @@ fn a_gpu_container_is_checkpointed_exported_imported_and_restored_with_ctr() {
         format!("lib {}\ntimeout 600\n", criu.plugins.display()),
     )
     .unwrap();
-    let ctd = Containerd::start(&sim.dir);
+    let settings = sim.dir.join("gpu-plugin.conf");
+    std::fs::write(&settings, Settings::for_sim(&sim).join("\n")).unwrap();
+    let ctd = Containerd::start(&sim.dir, &settings);
     let image = import_image(&ctd, &sim.dir);
     let logs = sim.dir.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
@@ -157,7 +161,7 @@ fn a_gpu_container_is_checkpointed_exported_imported_and_restored_with_ctr() {
     );
 
     // What the exported image holds, and that this node can take it.
-    let out = criu_gpu(&["inspect", "--json", exported.to_str().unwrap()]);
+    let out = criu_gpu(&sim, &["inspect", "--json", exported.to_str().unwrap()]);
     assert_eq!(exit_code(&out), 0, "{}{}", stdout(&out), stderr(&out));
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["format"], "containerd-image");
@@ -174,7 +178,7 @@ fn a_gpu_container_is_checkpointed_exported_imported_and_restored_with_ctr() {
         "{r}"
     );
     assert_eq!(r["this_node"]["can_restore"], true, "{r}");
-    let out = criu_gpu(&["check", exported.to_str().unwrap()]);
+    let out = criu_gpu(&sim, &["check", exported.to_str().unwrap()]);
     assert_eq!(exit_code(&out), 0, "{}", stdout(&out));
 
     ok(
@@ -192,7 +196,7 @@ fn a_gpu_container_is_checkpointed_exported_imported_and_restored_with_ctr() {
         seed: "other-node",
         ..SimSpec::default()
     });
-    let out = criu_gpu(&["check", exported.to_str().unwrap()]);
+    let out = criu_gpu(&sim, &["check", exported.to_str().unwrap()]);
     assert_eq!(exit_code(&out), 1, "{}", stdout(&out));
     assert!(
         stdout(&out).contains("is not on this machine")
