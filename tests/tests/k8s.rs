@@ -443,3 +443,29 @@ fn a_closed_stdout_ends_the_output_not_the_work() {
     let out = child.wait_with_output().unwrap();
     assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_terminal_gets_a_live_display() {
+    let c = Cluster::start(bare_pods());
+    let store = c.path("store");
+    let cmd = format!(
+        "{} node checkpoint --kubelet {} --token-file {} --cacert {} --store {}",
+        artifact("criu-gpu").display(),
+        c.url,
+        c.path("token").display(),
+        c.path("ca.pem").display(),
+        store.display()
+    );
+    // `script` gives the command a pseudo-terminal.
+    let out = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .output()
+        .unwrap();
+    assert_eq!(exit_code(&out), 0, "{}", text(&out));
+    let t = stdout(&out);
+    assert!(
+        t.contains("\x1b[2K[1/2]") && t.contains("\x1b[3A"),
+        "redrawn in place: {t:?}"
+    );
+    assert!(t.contains("2 of 2 saved") && t.contains("GB/s"), "{t:?}");
+}
