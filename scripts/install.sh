@@ -10,8 +10,10 @@
 #   <CRIU plugin dir>/criu_gpu_plugin.so   (/usr/lib/criu, where criu looks by default)
 #   /etc/criu/gpu-plugin.conf          (the plugin's settings, all commented out)
 #   /etc/criu/runc.conf, crun.conf     (criu options for container runtimes, if not present)
-#   /usr/local/bin/criu-gpu-check      (can this node restore that checkpoint?)
-#   Podman, runc, zstd                 (Debian packages: container checkpoints; --no-containers
+#   /usr/local/bin/criu-gpu            (the operator's command: check, inspect, doctor, image,
+#                                       node checkpoint|drain|restore)
+#   /usr/local/bin/criu-gpu-check      (its old name for `criu-gpu check`)
+#   Podman, containerd, runc, zstd     (Debian packages: container checkpoints; --no-containers
 #                                       leaves them out)
 #   /usr/local/lib/criu-gpu/sim/       the simulated driver (libcuda.so.1, libnvidia-ml.so.1),
 #   /usr/local/bin/cuda-sim-gpud, cuda-sim-app   used only when selected explicitly
@@ -40,9 +42,9 @@ command -v cargo >/dev/null || {
 say "CRIU"
 bash "$root/scripts/install-criu.sh"
 if [ $containers = 1 ]; then
-	say "Podman, runc, zstd"
+	say "Podman, containerd, runc, zstd"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get install -y -qq --no-install-recommends podman runc uidmap zstd tar >/dev/null
+	apt-get install -y -qq --no-install-recommends podman containerd runc uidmap zstd tar >/dev/null
 fi
 export PATH="$PREFIX/sbin:$PATH"
 
@@ -50,11 +52,11 @@ say "building (release)"
 cd "$root"
 # Only what is installed: a workspace-wide build would let the tests' simulation features into
 # the plugin.
-cargo build --release --locked -p cuda-checkpoint-ctl -p criu-gpu-plugin -p cuda-sim -p cuda-sim-libcuda
+cargo build --release --locked -p cuda-checkpoint-ctl -p criu-gpu-plugin -p criu-gpu -p cuda-sim -p cuda-sim-libcuda
 
 say "installing"
 install -d "$PREFIX/bin" "$CRIU_PLUGIN_DIR" "$PREFIX/lib/criu-gpu/sim" /etc/criu
-install -m 0755 target/release/cuda-checkpoint-ctl target/release/criu-gpu-check "$PREFIX/bin/"
+install -m 0755 target/release/cuda-checkpoint-ctl target/release/criu-gpu target/release/criu-gpu-check "$PREFIX/bin/"
 # A temporary name and a rename: a running criu keeps its mapping of the old file intact.
 install -m 0755 target/release/libcriu_gpu_plugin.so "$CRIU_PLUGIN_DIR/.criu_gpu_plugin.so.new"
 mv -f "$CRIU_PLUGIN_DIR/.criu_gpu_plugin.so.new" "$CRIU_PLUGIN_DIR/criu_gpu_plugin.so"
@@ -74,6 +76,7 @@ for other in cuda_plugin.so amdgpu_plugin.so; do
 	fi
 done
 echo "cuda-checkpoint-ctl: $PREFIX/bin/cuda-checkpoint-ctl"
+echo "criu-gpu:           $PREFIX/bin/criu-gpu (criu-gpu doctor: is this node ready?)"
 echo "CRIU plugin:        $CRIU_PLUGIN_DIR/criu_gpu_plugin.so"
 echo "simulated driver:   $PREFIX/lib/criu-gpu/sim"
 

@@ -10,8 +10,56 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod amd;
+pub mod containerd;
 pub mod criu;
+pub mod kube;
 pub mod podman;
+
+/// A container root file system holding the test application, the simulated driver and the C
+/// libraries they need, as a tar under `scratch`. No registry is involved.
+pub fn app_rootfs_tar(scratch: &Path) -> PathBuf {
+    let root = scratch.join("rootfs");
+    for d in [
+        "usr/bin",
+        "opt/sim/lib",
+        "lib/x86_64-linux-gnu",
+        "lib64",
+        "logs",
+        "run/cuda-sim",
+    ] {
+        fs::create_dir_all(root.join(d)).unwrap();
+    }
+    fs::copy(artifact("cuda-sim-app"), root.join("usr/bin/cuda-sim-app")).unwrap();
+    fs::copy(
+        artifact("libcuda.so"),
+        root.join("opt/sim/lib/libcuda.so.1"),
+    )
+    .unwrap();
+    for lib in ["libc.so.6", "libgcc_s.so.1", "libm.so.6"] {
+        fs::copy(
+            Path::new("/lib/x86_64-linux-gnu").join(lib),
+            root.join("lib/x86_64-linux-gnu").join(lib),
+        )
+        .unwrap();
+    }
+    fs::copy(
+        "/lib64/ld-linux-x86-64.so.2",
+        root.join("lib64/ld-linux-x86-64.so.2"),
+    )
+    .unwrap();
+    let tar = scratch.join("rootfs.tar");
+    let ok = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "tar of the root file system");
+    tar
+}
 
 /// A simulated machine the tests run processes and CRIU on.
 pub trait Machine {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::{artifact, Sim};
+use crate::Sim;
 
 pub const CONF: &str = "/etc/criu/gpu-plugin.conf";
 
@@ -36,46 +36,7 @@ pub struct Image {
 
 impl Image {
     pub fn build(scratch: &Path) -> Image {
-        let root = scratch.join("rootfs");
-        for d in [
-            "usr/bin",
-            "opt/sim/lib",
-            "lib/x86_64-linux-gnu",
-            "lib64",
-            "logs",
-            "run/cuda-sim",
-        ] {
-            std::fs::create_dir_all(root.join(d)).unwrap();
-        }
-        std::fs::copy(artifact("cuda-sim-app"), root.join("usr/bin/cuda-sim-app")).unwrap();
-        std::fs::copy(
-            artifact("libcuda.so"),
-            root.join("opt/sim/lib/libcuda.so.1"),
-        )
-        .unwrap();
-        for lib in ["libc.so.6", "libgcc_s.so.1", "libm.so.6"] {
-            std::fs::copy(
-                Path::new("/lib/x86_64-linux-gnu").join(lib),
-                root.join("lib/x86_64-linux-gnu").join(lib),
-            )
-            .unwrap();
-        }
-        std::fs::copy(
-            "/lib64/ld-linux-x86-64.so.2",
-            root.join("lib64/ld-linux-x86-64.so.2"),
-        )
-        .unwrap();
-        let tar = scratch.join("rootfs.tar");
-        let ok = Command::new("tar")
-            .arg("-C")
-            .arg(&root)
-            .arg("-cf")
-            .arg(&tar)
-            .arg(".")
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "tar of the root file system");
+        let tar = crate::app_rootfs_tar(scratch);
         let name = format!("localhost/criu-gpu-test:{}", std::process::id());
         let out = podman(&["import", tar.to_str().unwrap(), &name]);
         assert!(

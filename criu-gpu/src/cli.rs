@@ -1,0 +1,181 @@
+//! The command line of `criu-gpu`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "criu-gpu",
+    version,
+    about = "Checkpoints of GPU processes and containers: check, inspect, node readiness, Kubernetes node drain and restore",
+    after_help = "Exit status: 0 done or OK; 1 refused or failed (the reason is printed); 2 bad usage or unreadable input.\n\
+                  `criu-gpu-check PATH` is the same as `criu-gpu check PATH`."
+)]
+pub struct Cli {
+    /// Machine-readable output on stdout, errors included.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// More log lines on stderr (-v: debug, -vv: trace).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Can this node restore that checkpoint's GPU state? (driver, GPUs, free memory, image integrity)
+    Check {
+        /// A CRIU image directory, a Podman/CRI-O/kubelet archive (.tar, .tar.gz, .tar.zst),
+        /// an extracted one, an OCI checkpoint image (layout or archive), or a containerd
+        /// checkpoint image exported with `ctr images export`.
+        path: PathBuf,
+    },
+    /// What is inside a checkpoint: container, CRIU version, image sizes, GPU processes and
+    /// memory per GPU, the dumping machine's GPUs and driver, and whether this node can restore it.
+    Inspect { path: PathBuf },
+    /// Is this node ready for GPU checkpoints? Each problem comes with its fix.
+    Doctor {
+        /// The CUDA driver library (default: $CUDA_CKPT_LIBCUDA, else libcuda.so.1).
+        #[arg(long)]
+        driver: Option<String>,
+        /// The NVML library (default: $CUDA_CKPT_LIBNVML, else libnvidia-ml.so.1).
+        #[arg(long)]
+        nvml: Option<String>,
+        /// Where checkpoint images will be written (repeatable), for the free-space check.
+        #[arg(long = "images")]
+        images: Vec<PathBuf>,
+    },
+    /// An OCI checkpoint image (the format CRI-O restores from) of a checkpoint archive,
+    /// written as an OCI layout directory, without buildah.
+    Image {
+        archive: PathBuf,
+        /// The container's name, as CRI-O's checkpoint annotation wants it.
+        #[arg(long)]
+        container: String,
+        /// The layout directory to write.
+        #[arg(long)]
+        output: PathBuf,
+        /// The image's name in the layout's index.
+        #[arg(long, default_value = "localhost/checkpoint:latest")]
+        reference: String,
+        /// Also pack the layout into this OCI archive (for `podman load`, `ctr images import`).
+        #[arg(long)]
+        oci_archive: Option<PathBuf>,
+    },
+    /// Kubernetes: checkpoint, drain and restore the GPU workloads of a node.
+    #[command(subcommand)]
+    Node(NodeCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Checkpoint every running GPU container of the node through its kubelet, all at once.
+    Checkpoint {
+        #[command(flatten)]
+        kube: KubeArgs,
+        #[command(flatten)]
+        select: SelectArgs,
+        /// Copy the archives here and keep manifest.json up to date as each one lands.
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Cordon the node, checkpoint its GPU containers, then drain it. Uncordons if anything
+    /// fails before the first eviction.
+    Drain {
+        /// The node's name in the API server.
+        node: String,
+        #[command(flatten)]
+        kube: KubeArgs,
+        #[command(flatten)]
+        select: SelectArgs,
+        /// Where the archives and manifest.json go (they must outlive the node).
+        #[arg(long, required_unless_present = "dry_run")]
+        store: Option<PathBuf>,
+        /// Scale the controllers (Deployment, StatefulSet, ReplicaSet) of GPU pods to 0 after
+        /// the checkpoint; `node restore` scales them back. Without it, controller-owned GPU
+        /// pods are refused (their controller would start a second copy).
+        #[arg(long)]
+        scale_down: bool,
+        /// Also evict pods that no controller will re-create.
+        #[arg(long)]
+        force: bool,
+        /// Seconds the evictions may take.
+        #[arg(long, default_value_t = 600)]
+        drain_timeout: u64,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Build and push a checkpoint image per saved container, re-create the pods from them,
+    /// and scale back what the drain scaled down.
+    Restore {
+        #[arg(long)]
+        store: PathBuf,
+        /// Where to push the images: [https://|http://]HOST[:PORT][/PREFIX].
+        #[arg(long)]
+        registry: String,
+        /// CA bundle of the registry's certificate.
+        #[arg(long)]
+        registry_cacert: Option<PathBuf>,
+        /// Do not verify the registry's certificate.
+        #[arg(long)]
+        registry_insecure: bool,
+        /// A file with one line `user:password` for the registry.
+        #[arg(long)]
+        registry_credentials: Option<PathBuf>,
+        #[arg(long, default_value = "latest")]
+        tag: String,
+        /// Pin the restored pods to this node.
+        #[arg(long)]
+        node: Option<String>,
+        /// Run the restore checks on each archive first (run it on the target node).
+        #[arg(long)]
+        check: bool,
+        /// Restore pods whose controller was not scaled down, as bare pods.
+        #[arg(long)]
+        include_owned: bool,
+        /// The API server's kubeconfig (default: $KUBECONFIG, the pod's service account, ~/.kube/config).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct KubeArgs {
+    /// The node's kubelet API.
+    #[arg(long, default_value = "https://127.0.0.1:10250")]
+    pub kubelet: String,
+    /// Bearer token file for the kubelet (default: $KUBELET_TOKEN, else the kubeconfig's credentials).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// CA bundle of the kubelet's serving certificate.
+    #[arg(long)]
+    pub cacert: Option<PathBuf>,
+    /// Do not verify the kubelet's certificate (kubelets often serve self-signed ones).
+    #[arg(long)]
+    pub insecure: bool,
+    /// The API server's kubeconfig (default: $KUBECONFIG, the pod's service account, ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Seconds one container's checkpoint may take.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct SelectArgs {
+    /// Only this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Resource names that mean "a GPU", comma-separated.
+    #[arg(long, default_value = "nvidia.com/gpu,amd.com/gpu,gpu.intel.com/i915")]
+    pub resources: String,
+    /// Checkpoints at a time (0: all at once).
+    #[arg(long, default_value_t = 0)]
+    pub parallel: usize,
+}

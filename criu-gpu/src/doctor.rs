@@ -1,0 +1,411 @@
+//! `criu-gpu doctor`: is this node ready to checkpoint and restore GPU processes? Each check
+//! says what it found and, when something is wrong, the fix.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Serialize;
+
+use crate::human::bytes;
+use crate::out;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub check: &'static str,
+    pub status: Status,
+    pub detail: String,
+    pub fix: Option<String>,
+}
+
+fn ok(check: &'static str, detail: impl Into<String>) -> Finding {
+    Finding {
+        check,
+        status: Status::Ok,
+        detail: detail.into(),
+        fix: None,
+    }
+}
+
+fn problem(
+    check: &'static str,
+    status: Status,
+    detail: impl Into<String>,
+    fix: impl Into<String>,
+) -> Finding {
+    Finding {
+        check,
+        status,
+        detail: detail.into(),
+        fix: Some(fix.into()),
+    }
+}
+
+/// Where to look, and which libraries to load.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub driver: Option<String>,
+    pub nvml: Option<String>,
+    /// Directories checkpoint images will be written to.
+    pub image_dirs: Vec<PathBuf>,
+}
+
+pub fn run(opts: &Options) -> Vec<Finding> {
+    let mut f = vec![privileges()];
+    f.extend(criu());
+    let (gpu, used) = gpus(opts);
+    f.extend(gpu);
+    f.push(ptrace());
+    f.push(seccomp());
+    f.extend(runtimes());
+    f.extend(space(opts, used));
+    f
+}
+
+pub fn print(findings: &[Finding]) {
+    for x in findings {
+        let tag = match x.status {
+            Status::Ok => "ok  ",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        };
+        out::line(format!("{tag}  {:<9} {}", x.check, x.detail));
+        if let Some(fix) = &x.fix {
+            out::line(format!("      {:<9} fix: {fix}", ""));
+        }
+    }
+    let fails = findings.iter().filter(|x| x.status == Status::Fail).count();
+    let warns = findings.iter().filter(|x| x.status == Status::Warn).count();
+    out::line(match fails {
+        0 => format!("this node is ready ({warns} warning(s))"),
+        n => format!("this node is NOT ready: {n} problem(s) to fix, {warns} warning(s)"),
+    });
+}
+
+/// Effective capabilities of this process, from /proc/self/status.
+fn capabilities() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+fn privileges() -> Finding {
+    const SYS_PTRACE: u64 = 1 << 19;
+    const SYS_ADMIN: u64 = 1 << 21;
+    let caps = capabilities();
+    if !rustix::process::geteuid().is_root() {
+        return problem(
+            "root",
+            Status::Fail,
+            "not running as root",
+            "CRIU checkpoints and restores as root: run criu-gpu (and criu) with sudo",
+        );
+    }
+    if caps & (SYS_PTRACE | SYS_ADMIN) != SYS_PTRACE | SYS_ADMIN {
+        return problem(
+            "root",
+            Status::Fail,
+            format!("root without CAP_SYS_ADMIN and CAP_SYS_PTRACE (CapEff {caps:x}): a restricted container?"),
+            "run it on the host, or in a privileged container (securityContext.privileged: true)",
+        );
+    }
+    ok("root", "root with CAP_SYS_ADMIN and CAP_SYS_PTRACE")
+}
+
+/// CRIU's binary: $CRIU, then PATH, then where scripts/install-criu.sh puts it.
+fn find_criu() -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = std::env::var_os("CRIU")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path).map(|d| d.join("criu")));
+    }
+    candidates.extend(["/usr/local/sbin/criu", "/usr/sbin/criu"].map(PathBuf::from));
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+fn version_of(criu: &Path) -> Option<(u32, u32, String)> {
+    let out = Command::new(criu).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Version: "))?
+        .trim()
+        .to_owned();
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    Some((parts.next()?, parts.next().unwrap_or(0), v))
+}
+
+/// The plugin directory CRIU uses: a `lib` line of its settings, else its default.
+fn plugin_dir() -> (PathBuf, String) {
+    for conf in ["/etc/criu/default.conf", "/etc/criu/runc.conf"] {
+        if let Ok(text) = std::fs::read_to_string(conf) {
+            if let Some(dir) = text.lines().find_map(|l| l.trim().strip_prefix("lib ")) {
+                return (PathBuf::from(dir.trim()), format!("from {conf}"));
+            }
+        }
+    }
+    (PathBuf::from("/usr/lib/criu"), "CRIU's default".into())
+}
+
+fn criu() -> Vec<Finding> {
+    let mut f = Vec::new();
+    let Some(bin) = find_criu() else {
+        f.push(problem(
+            "criu",
+            Status::Fail,
+            "criu not found (PATH, /usr/local/sbin, /usr/sbin)",
+            "sudo scripts/install.sh (installs CRIU 4.2.1 when the system's is older)",
+        ));
+        return f;
+    };
+    f.push(match version_of(&bin) {
+        None => problem(
+            "criu",
+            Status::Fail,
+            format!("{} does not answer --version", bin.display()),
+            "reinstall CRIU: sudo scripts/install-criu.sh",
+        ),
+        Some((major, _, v)) if major < 4 => problem(
+            "criu",
+            Status::Fail,
+            format!(
+                "{} is CRIU {v}: it has no device hooks for GPU plugins",
+                bin.display()
+            ),
+            "install CRIU 4.2 or later: sudo scripts/install-criu.sh (puts it in /usr/local/sbin)",
+        ),
+        Some((4, minor, v)) if minor < 2 => problem(
+            "criu",
+            Status::Warn,
+            format!("{} is CRIU {v}", bin.display()),
+            "CRIU 4.2 or later is what this project tests: sudo scripts/install-criu.sh",
+        ),
+        Some((_, _, v)) => ok("criu", format!("{} (CRIU {v})", bin.display())),
+    });
+    let (dir, why) = plugin_dir();
+    let plugin = dir.join("criu_gpu_plugin.so");
+    f.push(match std::fs::read(&plugin) {
+        Err(e) => problem(
+            "plugin",
+            Status::Fail,
+            format!(
+                "{}: {e} (plugin directory {}, {why})",
+                plugin.display(),
+                dir.display()
+            ),
+            "sudo scripts/install.sh installs it there",
+        ),
+        Ok(elf) if !contains(&elf, b"CR_PLUGIN_DESC") => problem(
+            "plugin",
+            Status::Fail,
+            format!(
+                "{} is not a CRIU plugin (no CR_PLUGIN_DESC symbol)",
+                plugin.display()
+            ),
+            "reinstall it: sudo scripts/install.sh",
+        ),
+        Ok(_) => ok("plugin", format!("{} ({why})", plugin.display())),
+    });
+    for other in ["cuda_plugin.so", "amdgpu_plugin.so"] {
+        if dir.join(other).exists() {
+            f.push(problem(
+                "plugin",
+                Status::Warn,
+                format!(
+                    "{} is installed too: CRIU offers GPU processes to plugins in directory order",
+                    dir.join(other).display()
+                ),
+                format!(
+                    "remove {} so that criu_gpu handles every GPU process",
+                    dir.join(other).display()
+                ),
+            ));
+        }
+    }
+    f
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Driver and GPUs; returns the GPU memory in use (what a checkpoint of everything writes).
+fn gpus(opts: &Options) -> (Vec<Finding>, u64) {
+    use cuda_checkpoint_ctl::driver::Driver;
+    use cuda_checkpoint_ctl::inventory::Inventory;
+    let mut f = Vec::new();
+    let kfd = Path::new("/dev/kfd").exists();
+    let mut used = 0;
+    match Driver::load(opts.driver.as_deref()) {
+        Ok(d) => {
+            let info = d.info().clone();
+            f.push(match &info.simulated {
+                Some(_) => problem("driver", Status::Warn, format!("{info}"), "this is the SIMULATED driver: fine for tests, not for real GPUs; unset CUDA_CKPT_LIBCUDA / --driver"),
+                None => ok("driver", format!("{info}")),
+            });
+            match Inventory::query(opts.nvml.as_deref()) {
+                Ok(inv) if inv.gpus.is_empty() => f.push(problem("GPUs", Status::Fail, format!("NVML (driver {}) sees no GPU", inv.driver_version), "check `nvidia-smi`; in a container, pass the GPUs in (NVIDIA container toolkit)")),
+                Ok(inv) => {
+                    for g in &inv.gpus {
+                        used += g.memory_used;
+                        f.push(ok("GPU", format!("{} {} {}: {} used, {} free", g.index, g.uuid, g.name, bytes(g.memory_used), bytes(g.memory_free))));
+                    }
+                }
+                Err(e) => f.push(problem("GPUs", Status::Fail, e.to_string(), "NVML ships with the NVIDIA driver (libnvidia-ml.so.1): install the driver, or name the library with --nvml PATH / CUDA_CKPT_LIBNVML")),
+            }
+        }
+        Err(e) if kfd => f.push(problem("driver", Status::Warn, format!("no CUDA driver ({e})"), "nothing to do on an AMD-only node")),
+        Err(e) => f.push(problem("driver", Status::Fail, e.to_string(), "install the NVIDIA driver (r570 or later) or the amdgpu driver; or name the library with --driver PATH")),
+    }
+    if kfd {
+        f.push(
+            match amd_kfd::topology::Topology::parse(&amd_kfd::topology::Topology::default_root()) {
+                Ok(t) => ok(
+                    "AMD",
+                    format!(
+                        "/dev/kfd, {} GPU node(s) in the KFD topology",
+                        t.gpus().count()
+                    ),
+                ),
+                Err(e) => problem(
+                    "AMD",
+                    Status::Fail,
+                    e.to_string(),
+                    "load the amdgpu driver (modprobe amdgpu)",
+                ),
+            },
+        );
+    }
+    (f, used)
+}
+
+fn ptrace() -> Finding {
+    match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").map(|s| s.trim().to_owned())
+    {
+        Ok(s) if s == "3" => problem(
+            "ptrace",
+            Status::Fail,
+            "kernel.yama.ptrace_scope=3: ptrace is off until reboot, CRIU cannot seize processes",
+            "set kernel.yama.ptrace_scope=1 in /etc/sysctl.d and reboot",
+        ),
+        Ok(s) => ok(
+            "ptrace",
+            format!("kernel.yama.ptrace_scope={s} (root may seize processes)"),
+        ),
+        Err(_) => ok("ptrace", "no Yama restrictions"),
+    }
+}
+
+fn seccomp() -> Finding {
+    let mode = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Seccomp:"))
+                .map(|v| v.trim().to_owned())
+        });
+    match mode.as_deref() {
+        Some("2") => problem(
+            "seccomp",
+            Status::Warn,
+            "this process runs under a seccomp filter (a container's default profile?); CRIU started from here inherits it",
+            "run on the host, or the DaemonSet with seccompProfile: Unconfined and privileged: true",
+        ),
+        _ => ok("seccomp", "no seccomp filter"),
+    }
+}
+
+fn runtimes() -> Vec<Finding> {
+    let mut f = Vec::new();
+    let version = |tool: &str| -> Option<String> {
+        let out = Command::new(tool).arg("--version").output().ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    if let Some(v) = version("runc") {
+        let first = v.lines().next().unwrap_or("runc").to_owned();
+        f.push(match std::fs::read_to_string("/etc/criu/runc.conf") {
+            Ok(conf) if conf.lines().any(|l| l.trim_start().starts_with("timeout")) => ok("runc", format!("{first}; /etc/criu/runc.conf sets a timeout")),
+            Ok(_) => problem("runc", Status::Warn, format!("{first}; /etc/criu/runc.conf has no `timeout` line: CRIU gives seizing 10 s"), "add `timeout 600` (see container-hooks/criu/runc.conf)"),
+            Err(_) => problem("runc", Status::Warn, format!("{first}; no /etc/criu/runc.conf"), "install container-hooks/criu/runc.conf as /etc/criu/runc.conf (scripts/install.sh does)"),
+        });
+    }
+    if let Some(v) = version("crun") {
+        f.push(if v.contains("+CRIU") {
+            ok("crun", "crun with CRIU support")
+        } else {
+            problem(
+                "crun",
+                Status::Warn,
+                "crun is built without CRIU: checkpoints through it fail",
+                "use runc for GPU containers (podman --runtime runc; runtime = \"runc\")",
+            )
+        });
+    }
+    if let Some(v) = version("containerd") {
+        f.push(ok(
+            "containerd",
+            v.lines().next().unwrap_or("containerd").to_owned(),
+        ));
+    }
+    f.push(if Path::new(criu_gpu_plugin::core::settings::CONFIG_FILE).exists() {
+        ok("settings", format!("{} (read by every criu the runtimes start)", criu_gpu_plugin::core::settings::CONFIG_FILE))
+    } else {
+        problem(
+            "settings",
+            Status::Warn,
+            format!("no {}: runtimes start criu without your environment, so CRIU_GPU_* settings cannot reach the plugin", criu_gpu_plugin::core::settings::CONFIG_FILE),
+            "install container-hooks/gpu-plugin.conf there (scripts/install.sh does)",
+        )
+    });
+    f
+}
+
+/// Free space where images go, against the GPU memory in use (which a checkpoint writes out).
+fn space(opts: &Options, gpu_used: u64) -> Vec<Finding> {
+    let dirs: Vec<PathBuf> = if opts.image_dirs.is_empty() {
+        [
+            "/var/lib/kubelet/checkpoints",
+            "/var/lib/containers",
+            "/var/lib/containerd",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+        .chain([std::env::temp_dir()])
+        .collect()
+    } else {
+        opts.image_dirs.clone()
+    };
+    dirs.into_iter()
+        .map(|d| match rustix::fs::statvfs(&d) {
+            Err(e) => problem("space", Status::Fail, format!("{}: {e}", d.display()), "create it, or name another directory with --images DIR"),
+            Ok(s) => {
+                let free = s.f_bavail * s.f_frsize;
+                let text = format!("{}: {} free; GPU memory in use {}", d.display(), bytes(free), bytes(gpu_used));
+                if free < gpu_used {
+                    problem("space", Status::Fail, text, "free space there: a checkpoint writes at least the GPU memory in use, plus the processes' own memory")
+                } else if free < gpu_used.saturating_mul(2) {
+                    problem("space", Status::Warn, text, "a checkpoint also writes the processes' host memory; keep twice the GPU memory free")
+                } else {
+                    ok("space", text)
+                }
+            }
+        })
+        .collect()
+}

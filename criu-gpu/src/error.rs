@@ -1,0 +1,40 @@
+//! What can go wrong in a `criu-gpu` command, in operators' words, and the exit status of each.
+
+use crate::archive::ArchiveError;
+use crate::node::NodeError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The command line itself is wrong.
+    #[error("{0}")]
+    Usage(String),
+    /// The checkpoint cannot be read.
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    /// A Kubernetes node operation failed or was refused.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// The command ran and its answer is "no" (a refused restore, a node not ready).
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl Error {
+    /// 1: the answer is no, or the operation failed; 2: the input could not be used.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Usage(_) | Error::Archive(_) => 2,
+            Error::Node(_) | Error::Refused(_) => 1,
+        }
+    }
+
+    /// A stable name for `--json` consumers.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Usage(_) => "usage",
+            Error::Archive(_) => "unreadable-checkpoint",
+            Error::Node(_) => "node",
+            Error::Refused(_) => "refused",
+        }
+    }
+}

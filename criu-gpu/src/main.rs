@@ -1,0 +1,292 @@
+//! `criu-gpu`: the operator's command. See `criu-gpu --help`; the modules of the library do
+//! the work, this file turns the command line into calls and errors into exit statuses.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use criu_gpu::archive::Checkpoint;
+use criu_gpu::cli::{Cli, Command, KubeArgs, NodeCommand, SelectArgs};
+use criu_gpu::error::Error;
+use criu_gpu::node::{drain, http::Tls, restore, Access};
+use criu_gpu::{doctor, inspect, oci, out};
+
+fn main() -> ExitCode {
+    let mut args: Vec<String> = std::env::args().collect();
+    // Installed as criu-gpu-check too: the old name of `criu-gpu check`.
+    if args.first().is_some_and(|a| {
+        Path::new(a)
+            .file_name()
+            .is_some_and(|n| n == "criu-gpu-check")
+    }) {
+        args.insert(1, "check".into());
+    }
+    let json = args.iter().any(|a| a == "--json");
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            out::line(e.to_string().trim_end());
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return report(&Error::Usage(e.to_string().trim().to_owned()), json),
+    };
+    let level = match cli.verbose {
+        0 => tracing::Level::WARN,
+        1 => tracing::Level::DEBUG,
+        _ => tracing::Level::TRACE,
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .with_max_level(level)
+        .try_init();
+    match run(cli.command, cli.json) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => report(&e, json),
+    }
+}
+
+/// Says what went wrong (as JSON on stdout with `--json`, always on stderr) and exits.
+fn report(e: &Error, json: bool) -> ExitCode {
+    if json {
+        out::json(&serde_json::json!({"error": e.to_string(), "kind": e.kind()}));
+    }
+    eprintln!("criu-gpu: {e}");
+    ExitCode::from(e.exit_code())
+}
+
+fn run(command: Command, json: bool) -> Result<u8, Error> {
+    match command {
+        Command::Check { path } => check(&path, json),
+        Command::Inspect { path } => {
+            let c = Checkpoint::open(&path)?;
+            let r = inspect::report(&path, &c);
+            if json {
+                out::json(&r);
+            } else {
+                inspect::print_report(&r);
+            }
+            Ok(0)
+        }
+        Command::Doctor {
+            driver,
+            nvml,
+            images,
+        } => {
+            for (flag, v) in [("--driver", &driver), ("--nvml", &nvml)] {
+                if v.as_deref() == Some("") {
+                    return Err(Error::Usage(format!(
+                        "{flag} was given an empty path: name the library (e.g. {flag} /usr/lib/x86_64-linux-gnu/{}), or leave the option out to use the system's",
+                        if flag == "--driver" { "libcuda.so.1" } else { "libnvidia-ml.so.1" }
+                    )));
+                }
+            }
+            let findings = doctor::run(&doctor::Options {
+                driver,
+                nvml,
+                image_dirs: images,
+            });
+            let ready = findings.iter().all(|f| f.status != doctor::Status::Fail);
+            if json {
+                out::json(&serde_json::json!({"ready": ready, "checks": findings}));
+            } else {
+                doctor::print(&findings);
+            }
+            Ok(if ready { 0 } else { 1 })
+        }
+        Command::Image {
+            archive,
+            container,
+            output,
+            reference,
+            oci_archive,
+        } => {
+            let spec = oci::ImageSpec {
+                reference,
+                annotations: [
+                    (oci::CRIO_CHECKPOINT_NAME.to_owned(), container.clone()),
+                    ("org.criu.checkpoint.container.name".to_owned(), container),
+                ]
+                .into(),
+                runtime_config: serde_json::json!({}),
+            };
+            let io = |e: std::io::Error| Error::Refused(format!("writing the image: {e}"));
+            let layout = oci::write_layout(&output, &archive, None, &spec).map_err(io)?;
+            if let Some(a) = &oci_archive {
+                oci::pack(&output, a).map_err(io)?;
+            }
+            if json {
+                out::json(
+                    &serde_json::json!({"layout": output, "manifest": layout.manifest.digest, "layer": layout.layer.digest, "oci_archive": oci_archive}),
+                );
+            } else {
+                out::line(format!(
+                    "{}: manifest {}, layer {}",
+                    output.display(),
+                    layout.manifest.digest,
+                    layout.layer.digest
+                ));
+            }
+            Ok(0)
+        }
+        Command::Node(n) => node_command(n, json),
+    }
+}
+
+fn check(path: &Path, json: bool) -> Result<u8, Error> {
+    let c = Checkpoint::open(path)?;
+    let gpu = criu_gpu_plugin::check::inspect(&c.images);
+    let held = inspect::gpu_lines(&gpu);
+    let (code, verdict) = if held.is_empty() {
+        (0, None)
+    } else {
+        let v = inspect::verdict(&c);
+        (u8::from(!v.can_restore), Some(v))
+    };
+    if json {
+        out::json(&serde_json::json!({
+            "path": path,
+            "gpu_state": held,
+            "can_restore": verdict.as_ref().is_none_or(|v| v.can_restore),
+            "reason": verdict.as_ref().and_then(|v| v.reason.clone()),
+        }));
+        return Ok(code);
+    }
+    if held.is_empty() {
+        out::line("no GPU state in this checkpoint: nothing to check");
+    }
+    for line in &held {
+        out::line(format!("checkpoint: {line}"));
+    }
+    match verdict.and_then(|v| v.reason) {
+        None if code == 0 && !held.is_empty() => out::line("OK: this node can restore it"),
+        Some(why) => out::line(format!("REFUSED: {why}")),
+        None => {}
+    }
+    Ok(code)
+}
+
+fn access(k: &KubeArgs) -> Access {
+    Access {
+        kubelet: k.kubelet.clone(),
+        kubelet_token_file: k.token_file.clone(),
+        kubelet_ca: k.cacert.clone(),
+        kubelet_insecure: k.insecure,
+        kubeconfig: k.kubeconfig.clone(),
+        timeout: Duration::from_secs(k.timeout),
+    }
+}
+
+fn drain_options(k: &KubeArgs, s: &SelectArgs, json: bool) -> drain::Options {
+    drain::Options {
+        access: access(k),
+        namespace: s.namespace.clone(),
+        resources: s
+            .resources
+            .split(',')
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        parallel: s.parallel,
+        json,
+        ..drain::Options::default()
+    }
+}
+
+fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
+    let (summary, result) = match n {
+        NodeCommand::Checkpoint {
+            kube,
+            select,
+            store,
+            dry_run,
+        } => {
+            let o = drain::Options {
+                store,
+                dry_run,
+                ..drain_options(&kube, &select, json)
+            };
+            drain::checkpoint(&o)
+        }
+        NodeCommand::Drain {
+            node,
+            kube,
+            select,
+            store,
+            scale_down,
+            force,
+            drain_timeout,
+            dry_run,
+        } => {
+            let o = drain::Options {
+                node: Some(node),
+                store,
+                dry_run,
+                scale_down,
+                force,
+                drain_timeout: Duration::from_secs(drain_timeout),
+                ..drain_options(&kube, &select, json)
+            };
+            drain::drain(&o)
+        }
+        NodeCommand::Restore {
+            store,
+            registry,
+            registry_cacert,
+            registry_insecure,
+            registry_credentials,
+            tag,
+            node,
+            check,
+            include_owned,
+            kubeconfig,
+            dry_run,
+        } => {
+            let ca = match &registry_cacert {
+                Some(p) => Some(std::fs::read(p).map_err(|e| {
+                    Error::Usage(format!("--registry-cacert {}: {e}", p.display()))
+                })?),
+                None => None,
+            };
+            let o = restore::Options {
+                access: Access {
+                    kubeconfig,
+                    ..Access::default()
+                },
+                store,
+                registry: Some(registry),
+                registry_tls: Tls {
+                    ca,
+                    insecure: registry_insecure,
+                    client: None,
+                },
+                registry_credentials,
+                tag,
+                node,
+                check,
+                include_owned,
+                dry_run,
+                json,
+            };
+            restore::restore(&o)
+        }
+    };
+    summary.print(json);
+    match result {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            // With --json the summary carries the error; stderr gets it for the logs.
+            if json {
+                eprintln!("criu-gpu: ERROR: {e}");
+            } else {
+                out::line(format!("ERROR: {e}"));
+            }
+            Ok(1)
+        }
+    }
+}

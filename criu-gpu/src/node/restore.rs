@@ -1,0 +1,346 @@
+//! `node restore`: each saved container becomes a checkpoint image (the OCI image CRI-O
+//! restores from, written by [`crate::oci`], the layer a hard link to the archive), pushed to a
+//! registry; each pod is created again with those images, and the controllers the drain
+//! scaled down are scaled back once their pods exist, so they adopt them instead of starting
+//! fresh copies.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use super::http::Tls;
+use super::kube::Controller;
+use super::registry::Registry;
+use super::store::{PodRecord, Status, Store};
+use super::{Access, NodeError, Outcome, Summary};
+use crate::oci::{self, ImageSpec, CRIO_CHECKPOINT_NAME};
+
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub access: Access,
+    pub store: PathBuf,
+    pub registry: Option<String>,
+    pub registry_tls: Tls,
+    pub registry_credentials: Option<PathBuf>,
+    pub tag: String,
+    pub node: Option<String>,
+    pub check: bool,
+    /// Restore pods whose controller was not scaled down, as bare pods.
+    pub include_owned: bool,
+    pub dry_run: bool,
+    pub json: bool,
+}
+
+pub fn restore(o: &Options) -> (Summary, Result<(), NodeError>) {
+    let mut s = Summary::new("restore", o.dry_run);
+    let r = run(o, &mut s);
+    if let Err(e) = &r {
+        s.ok = false;
+        s.error = Some(e.to_string());
+    }
+    (s, r)
+}
+
+fn credentials(o: &Options) -> Result<Option<(String, String)>, NodeError> {
+    let Some(path) = &o.registry_credentials else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        NodeError::Config(format!("--registry-credentials {}: {e}", path.display()))
+    })?;
+    let (u, p) = text.trim().split_once(':').ok_or_else(|| {
+        NodeError::Config(format!(
+            "--registry-credentials {}: expected one line user:password",
+            path.display()
+        ))
+    })?;
+    Ok(Some((u.to_owned(), p.to_owned())))
+}
+
+fn run(o: &Options, s: &mut Summary) -> Result<(), NodeError> {
+    let store = Store::open(&o.store)?;
+    s.manifest = Some(store.dir.join(super::store::MANIFEST).display().to_string());
+    let m = store.snapshot();
+    let saved: usize = m
+        .pods
+        .iter()
+        .flat_map(|p| &p.containers)
+        .filter(|c| c.status == Status::Saved)
+        .count();
+    s.step(
+        format!(
+            "{saved} saved GPU container(s) in {} pod(s) in {}",
+            m.pods.len(),
+            store.dir.display()
+        ),
+        o.json,
+    );
+    let location = o.registry.as_deref().ok_or_else(|| {
+        NodeError::Config("--registry is needed: where to push the checkpoint images".into())
+    })?;
+    let registry = Registry::new(location, &o.registry_tls, credentials(o)?)?;
+    let api = if o.dry_run {
+        None
+    } else {
+        Some(o.access.api()?)
+    };
+    let mut restored: Vec<(String, String)> = Vec::new();
+    for pod in &m.pods {
+        let before = s.containers.len();
+        let result = restore_pod(o, &store, &registry, api.as_ref(), &m.scaled_down, pod, s);
+        match result {
+            Ok(()) => restored.push((pod.namespace.clone(), pod.name.clone())),
+            Err(e) => {
+                let why = e.to_string();
+                // Containers not reported yet share the pod's failure.
+                for c in &pod.containers {
+                    if !s.containers[before..].iter().any(|o| o.container == c.name) {
+                        s.containers
+                            .push(outcome(pod, &c.name, None, Some(why.clone())));
+                    } else if let Some(x) = s.containers[before..]
+                        .iter_mut()
+                        .find(|o| o.container == c.name && o.ok)
+                    {
+                        x.ok = false;
+                        x.error = Some(format!("pod not created: {why}"));
+                    }
+                }
+                let line = format!("{}/{}: FAILED: {why}", pod.namespace, pod.name);
+                if o.json {
+                    eprintln!("{line}");
+                } else {
+                    crate::out::line(line);
+                }
+            }
+        }
+    }
+    for c in &m.scaled_down {
+        let all_back = m
+            .pods
+            .iter()
+            .filter(|p| p.controller.as_ref() == Some(c))
+            .all(|p| restored.contains(&(p.namespace.clone(), p.name.clone())));
+        if !all_back {
+            s.step(
+                format!(
+                    "left {} at 0 replicas: not all of its pods were restored",
+                    c.label()
+                ),
+                o.json,
+            );
+        } else if let Some(api) = &api {
+            api.scale(c, c.replicas)?;
+            s.step(
+                format!(
+                    "scaled {} back to {} replica(s); it adopts the restored pods",
+                    c.label(),
+                    c.replicas
+                ),
+                o.json,
+            );
+        } else {
+            s.step(
+                format!(
+                    "would scale {} back to {} replica(s)",
+                    c.label(),
+                    c.replicas
+                ),
+                o.json,
+            );
+        }
+    }
+    let failed = s.containers.iter().filter(|c| !c.ok).count();
+    if failed > 0 {
+        return Err(NodeError::Failed(format!(
+            "{failed} container(s) not restored; see above"
+        )));
+    }
+    Ok(())
+}
+
+fn outcome(pod: &PodRecord, container: &str, to: Option<String>, error: Option<String>) -> Outcome {
+    Outcome {
+        namespace: pod.namespace.clone(),
+        pod: pod.name.clone(),
+        container: container.to_owned(),
+        ok: error.is_none(),
+        to,
+        bytes: None,
+        error,
+    }
+}
+
+fn restore_pod(
+    o: &Options,
+    store: &Store,
+    registry: &Registry,
+    api: Option<&super::kube::Api>,
+    scaled_down: &[Controller],
+    pod: &PodRecord,
+    s: &mut Summary,
+) -> Result<(), NodeError> {
+    if let Some(c) = &pod.controller {
+        if !scaled_down.contains(c) && !o.include_owned {
+            return Err(NodeError::Refused(format!(
+                "owned by {}, which was not scaled down (the store comes from `node checkpoint`, or a drain without --scale-down): \
+                 the controller keeps its own copy, so a restore would duplicate it. Scale it to 0 first and pass --include-owned",
+                c.label()
+            )));
+        }
+    }
+    if let Some(c) = pod.containers.iter().find(|c| c.status != Status::Saved) {
+        return Err(NodeError::Failed(format!(
+            "container {} was not saved ({:?}{})",
+            c.name,
+            c.status,
+            c.error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        )));
+    }
+    let mut spec = pod.spec.clone();
+    let mut images = BTreeMap::new();
+    for c in &pod.containers {
+        let archive = store.resolve(c.archive.as_deref().unwrap_or_default());
+        if !archive.is_file() {
+            return Err(NodeError::Failed(format!(
+                "the archive {} is missing from the store",
+                archive.display()
+            )));
+        }
+        let repo =
+            registry.repository(&format!("checkpoint-{}-{}", pod.name, c.name).to_lowercase());
+        let reference = format!(
+            "{}/{repo}:{}",
+            registry.image_prefix.split('/').next().unwrap_or_default(),
+            o.tag
+        );
+        if o.dry_run {
+            s.step(
+                format!(
+                    "would build {reference} from {} and push it",
+                    archive.display()
+                ),
+                o.json,
+            );
+            images.insert(c.name.clone(), reference);
+            continue;
+        }
+        if o.check {
+            let ck = crate::archive::Checkpoint::open(&archive)
+                .map_err(|e| NodeError::Failed(e.to_string()))?;
+            let v = crate::inspect::verdict(&ck);
+            if let Some(why) = v.reason {
+                return Err(NodeError::Refused(format!(
+                    "this node cannot restore {}: {why}",
+                    c.name
+                )));
+            }
+        }
+        let dir = store
+            .dir
+            .join("images")
+            .join(format!("{}-{}-{}", pod.namespace, pod.name, c.name));
+        let layout = oci::write_layout(&dir, &archive, None, &image_spec(pod, &c.name, &reference))
+            .map_err(|e| NodeError::store(&dir, e))?;
+        if let Some(want) = &c.sha256 {
+            if &layout.layer.digest != want {
+                return Err(NodeError::Failed(format!(
+                    "{} changed since it was saved (sha256 {}, recorded {want}): copy it again from the node",
+                    archive.display(),
+                    layout.layer.digest
+                )));
+            }
+        }
+        let pushed = registry.push(&layout, &repo, &o.tag)?;
+        s.step(
+            format!("{}/{}/{}: pushed {pushed}", pod.namespace, pod.name, c.name),
+            o.json,
+        );
+        s.containers
+            .push(outcome(pod, &c.name, Some(pushed.clone()), None));
+        images.insert(c.name.clone(), pushed);
+    }
+    for c in spec["spec"]["containers"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(image) = c["name"].as_str().and_then(|n| images.get(n)) {
+            c["image"] = Value::String(image.clone());
+        }
+    }
+    if let Some(node) = &o.node {
+        spec["spec"]["nodeName"] = Value::String(node.clone());
+    }
+    let Some(api) = api else {
+        s.step(
+            format!(
+                "would create pod {}/{}{}",
+                pod.namespace,
+                pod.name,
+                o.node
+                    .as_deref()
+                    .map(|n| format!(" on {n}"))
+                    .unwrap_or_default()
+            ),
+            o.json,
+        );
+        for c in &pod.containers {
+            s.containers
+                .push(outcome(pod, &c.name, images.get(&c.name).cloned(), None));
+        }
+        return Ok(());
+    };
+    let saved = store
+        .dir
+        .join("pods")
+        .join(format!("{}-{}.json", pod.namespace, pod.name));
+    let _ = std::fs::create_dir_all(store.dir.join("pods"));
+    std::fs::write(&saved, serde_json::to_vec_pretty(&spec).unwrap_or_default())
+        .map_err(|e| NodeError::store(&saved, e))?;
+    api.create_pod(&pod.namespace, &spec)?;
+    s.step(
+        format!(
+            "created pod {}/{} from its checkpoint images",
+            pod.namespace, pod.name
+        ),
+        o.json,
+    );
+    Ok(())
+}
+
+/// The annotations CRI-O (and checkpointctl-era tools) read from a checkpoint image.
+fn image_spec(pod: &PodRecord, container: &str, reference: &str) -> ImageSpec {
+    let original = pod.spec["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"].as_str() == Some(container))
+        .and_then(|c| c["image"].as_str())
+        .unwrap_or_default();
+    let mut a = BTreeMap::new();
+    a.insert(CRIO_CHECKPOINT_NAME.to_owned(), container.to_owned());
+    a.insert(
+        "org.criu.checkpoint.container.name".into(),
+        container.to_owned(),
+    );
+    a.insert("org.criu.checkpoint.pod.name".into(), pod.name.clone());
+    a.insert(
+        "org.criu.checkpoint.pod.namespace".into(),
+        pod.namespace.clone(),
+    );
+    if !original.is_empty() {
+        a.insert(
+            "org.criu.checkpoint.rootfsImageName".into(),
+            original.to_owned(),
+        );
+    }
+    ImageSpec {
+        reference: reference.to_owned(),
+        annotations: a,
+        runtime_config: serde_json::json!({}),
+    }
+}

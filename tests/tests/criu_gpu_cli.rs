@@ -1,0 +1,228 @@
+//! `criu-gpu check`, `inspect`, `image` and `doctor` on a checkpoint made by the real CRIU with
+//! the plugin and the simulated GPU; the old `criu-gpu-check` name; output into a closed pipe.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use gpu_ckpt_tests::criu::{assert_ok, Criu};
+use gpu_ckpt_tests::*;
+use serde_json::Value;
+
+fn run(program: &str, args: &[&str], sim: &Sim) -> Output {
+    Command::new(artifact(program))
+        .args(args)
+        .envs(sim.env())
+        .env("CRIU_GPU_CONFIG", "/nonexistent")
+        .output()
+        .unwrap()
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(out), stderr(out)))
+}
+
+/// A GPU process dumped (and left running) into `dir`.
+fn dumped(sim: &mut Sim, dir: &Path) {
+    let app = sim.app("app", &["--mib", "16"]);
+    let c = Criu::new(sim);
+    assert_ok(
+        &c.dump(sim, app.pid, dir, &["--leave-running"], &[]),
+        dir,
+        "dump.log",
+    );
+}
+
+#[test]
+fn inspect_and_check_tell_what_a_checkpoint_holds_and_whether_it_fits() {
+    let mut sim = Sim::start();
+    let images = sim.dir.join("img");
+    dumped(&mut sim, &images);
+    let dir = images.to_str().unwrap();
+    let uuid = sim.gpus()[0].0.clone();
+
+    let r = json(&run("criu-gpu", &["inspect", "--json", dir], &sim));
+    assert_eq!(r["format"], "image-directory");
+    assert!(r["criu_version"].as_str().unwrap().starts_with('4'), "{r}");
+    let cuda = &r["gpu"]["cuda"];
+    assert_eq!(cuda["processes"][0]["comm"], "cuda-sim-app", "{r}");
+    assert_eq!(cuda["processes"][0]["state"], "running");
+    assert_eq!(cuda["gpus"][0]["uuid"], uuid.as_str());
+    assert_eq!(cuda["memory_per_gpu"][0]["memory"], 16 << 20, "{r}");
+    assert!(cuda["driver"]["simulated"].is_string());
+    assert!(
+        r["images"]["memory_bytes"].as_u64().unwrap() >= 16 << 20,
+        "the device data is in the pages: {r}"
+    );
+    assert_eq!(r["this_node"]["can_restore"], true, "{r}");
+    let human = run("criu-gpu", &["inspect", dir], &sim);
+    assert_eq!(exit_code(&human), 0);
+    for want in ["CRIU 4.", "GPU memory", "16.00 MiB", "OK: can restore it"] {
+        assert!(stdout(&human).contains(want), "{want}: {}", stdout(&human));
+    }
+
+    // The same images as a CRI-O checkpoint image, written by `criu-gpu image`.
+    let archive = sim.dir.join("ckpt.tar");
+    let ok = Command::new("tar")
+        .arg("-C")
+        .arg(&sim.dir)
+        .arg("-cf")
+        .arg(&archive)
+        .arg("img")
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let layout = sim.dir.join("oci");
+    let out = run(
+        "criu-gpu",
+        &[
+            "image",
+            archive.to_str().unwrap(),
+            "--container",
+            "app",
+            "--output",
+            layout.to_str().unwrap(),
+        ],
+        &sim,
+    );
+    assert_eq!(exit_code(&out), 0, "{}", stderr(&out));
+    let r = json(&run(
+        "criu-gpu",
+        &["inspect", "--json", layout.to_str().unwrap()],
+        &sim,
+    ));
+    assert_eq!(r["format"], "oci-image");
+    assert_eq!(
+        r["annotations"]["io.kubernetes.cri-o.annotations.checkpoint.name"],
+        "app"
+    );
+    assert_eq!(
+        r["gpu"]["cuda"]["memory_per_gpu"][0]["memory"],
+        16 << 20,
+        "{r}"
+    );
+
+    // check, under both names; then on a node with other GPUs.
+    for program in ["criu-gpu-check", "criu-gpu"] {
+        let args: &[&str] = if program == "criu-gpu" {
+            &["check", dir]
+        } else {
+            &[dir]
+        };
+        let out = run(program, args, &sim);
+        assert_eq!(exit_code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+        assert!(
+            stdout(&out).contains("checkpoint: CUDA process")
+                && stdout(&out).contains("OK: this node can restore it"),
+            "{}",
+            stdout(&out)
+        );
+    }
+    sim.swap_gpus(SimSpec {
+        seed: "elsewhere",
+        ..SimSpec::default()
+    });
+    let out = run("criu-gpu", &["check", layout.to_str().unwrap()], &sim);
+    assert_eq!(exit_code(&out), 1);
+    assert!(
+        stdout(&out).contains("REFUSED:") && stdout(&out).contains("is not on this machine"),
+        "{}",
+        stdout(&out)
+    );
+    let r = json(&run("criu-gpu", &["check", "--json", dir], &sim));
+    assert_eq!(r["can_restore"], false);
+    assert!(r["reason"]
+        .as_str()
+        .unwrap()
+        .contains("CRIU_GPU_DEVICE_MAP"));
+    let out = run("criu-gpu-check", &["/nonexistent"], &sim);
+    assert_eq!(exit_code(&out), 2, "unreadable input: {}", stderr(&out));
+}
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let mut sim = Sim::start();
+    let images = sim.dir.join("img");
+    dumped(&mut sim, &images);
+    for args in [
+        vec!["inspect", images.to_str().unwrap()],
+        vec!["doctor"],
+        vec!["--help"],
+    ] {
+        let mut child = Command::new(artifact("criu-gpu"))
+            .args(&args)
+            .envs(sim.env())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // `| head -0`
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            !stderr(&out).contains("panicked"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            exit_code(&out) == 0 || args[0] == "doctor",
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn doctor_reports_each_check_and_names_empty_library_paths() {
+    let sim = Sim::start();
+    let r = json(&run("criu-gpu", &["doctor", "--json"], &sim));
+    let checks = r["checks"].as_array().unwrap();
+    let find = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["check"] == name)
+            .unwrap_or_else(|| panic!("{name}: {r}"))
+    };
+    assert_eq!(find("criu")["status"], "ok", "{r}");
+    assert_eq!(
+        find("driver")["status"],
+        "warn",
+        "the simulated driver is flagged: {r}"
+    );
+    assert!(find("driver")["fix"]
+        .as_str()
+        .unwrap()
+        .contains("SIMULATED"));
+    assert_eq!(find("GPU")["status"], "ok");
+    for c in checks {
+        if c["status"] != "ok" {
+            assert!(c["fix"].is_string(), "every problem has a fix: {c}");
+        }
+    }
+    let out = run("criu-gpu", &["doctor", "--driver", ""], &sim);
+    assert_eq!(exit_code(&out), 2);
+    assert!(
+        stderr(&out).contains("--driver was given an empty path"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(
+        "criu-gpu",
+        &[
+            "doctor",
+            "--json",
+            "--nvml",
+            "/nonexistent/libnvidia-ml.so.1",
+        ],
+        &sim,
+    );
+    let r = json(&out);
+    assert_eq!(exit_code(&out), 1, "{r}");
+    let gpus = r["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "GPUs")
+        .unwrap();
+    assert_eq!(gpus["status"], "fail");
+    assert!(gpus["fix"].as_str().unwrap().contains("--nvml"), "{gpus}");
+}
