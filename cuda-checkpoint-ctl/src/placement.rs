@@ -199,7 +199,7 @@ pub fn place(
         let to = here
             .iter()
             .find(|g| g.uuid == new)
-            .ok_or(PlacementError::NotHere {
+            .ok_or_else(|| PlacementError::NotHere {
                 old,
                 new,
                 here: here.to_vec(),
