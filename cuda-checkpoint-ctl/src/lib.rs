@@ -14,6 +14,7 @@ pub mod driver;
 pub mod error;
 pub mod inventory;
 pub mod ops;
+pub mod placement;
 pub mod process;
 
 pub use error::{Error, Result};

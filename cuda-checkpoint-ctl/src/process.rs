@@ -127,12 +127,61 @@ pub fn cgroup_pids(path: &Path) -> Result<Vec<i32>> {
     Ok(pids.into_iter().collect())
 }
 
+/// What /proc tells about a process's use of CUDA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inspection {
+    /// It maps a CUDA driver library.
+    MapsCuda,
+    NoCuda,
+    /// Its memory map may not be read by this user: it may or may not use CUDA.
+    Denied,
+    /// It exited meanwhile.
+    Gone,
+}
+
 /// Whether `pid` has a CUDA driver library mapped: a cheap filter before asking the driver,
 /// which stays true while the process is checkpointed (its device files are closed then).
+pub fn inspect(pid: i32) -> Inspection {
+    match fs::read_to_string(format!("/proc/{pid}/maps")) {
+        Ok(m) if m.contains("/libcuda.so") => Inspection::MapsCuda,
+        Ok(_) => Inspection::NoCuda,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Inspection::Denied,
+        Err(_) if !exists(pid) => Inspection::Gone,
+        Err(_) => Inspection::NoCuda,
+    }
+}
+
+/// Whether this process runs as root (effective uid 0), which may inspect any process but
+/// those that are not dumpable or belong to another user namespace.
+pub fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// [`inspect`] as a yes/no: unreadable processes count as not using CUDA.
 pub fn maps_libcuda(pid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map(|m| m.contains("/libcuda.so"))
-        .unwrap_or(false)
+    inspect(pid) == Inspection::MapsCuda
+}
+
+/// Stopped by a signal or a debugger, or in a frozen cgroup (v2): its driver thread cannot
+/// run, so driver actions on it wait.
+pub fn is_stopped(pid: i32) -> bool {
+    let stopped = status(pid).is_some_and(|s| s.state.starts_with(['T', 't']));
+    stopped || cgroup_frozen(pid)
+}
+
+fn cgroup_frozen(pid: i32) -> bool {
+    let Ok(cgroups) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return false;
+    };
+    cgroups
+        .lines()
+        .filter_map(|l| l.strip_prefix("0::"))
+        .any(|path| {
+            let dir = Path::new(CGROUP_ROOT).join(path.trim_start_matches('/'));
+            fs::read_to_string(dir.join("cgroup.events"))
+                .is_ok_and(|e| e.lines().any(|l| l.trim() == "frozen 1"))
+        })
 }
 
 /// The pid of `pid` inside its own (innermost) pid namespace.
@@ -150,6 +199,11 @@ pub fn comm(pid: i32) -> Option<String> {
     fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()
         .map(|s| s.trim_end().to_owned())
+}
+
+/// The command name for messages: `?` when the process is gone.
+pub fn name(pid: i32) -> String {
+    comm(pid).unwrap_or_else(|| "?".into())
 }
 
 fn status(pid: i32) -> Option<procfs::process::Status> {
@@ -271,6 +325,27 @@ mod tests {
         assert!(ns_pid(me).is_some());
         assert_eq!(tracer(me), Some(0));
         assert!(!maps_libcuda(me));
+        assert_eq!(inspect(me), Inspection::NoCuda);
+        assert_eq!(inspect(i32::MAX), Inspection::Gone);
+        assert!(!is_stopped(me));
+    }
+
+    #[test]
+    fn a_stopped_process_is_seen_stopped() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        let sent = Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let seen = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            is_stopped(pid)
+        });
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(seen);
     }
 
     #[test]

@@ -1,7 +1,5 @@
 //! `CUresult` values the simulation returns, with the names and descriptions the real
-//! `cuGetErrorName`/`cuGetErrorString` give for them, and the fault-injection variable.
-
-use crate::control::Op;
+//! `cuGetErrorName`/`cuGetErrorString` give for them.
 
 pub mod code {
     pub const SUCCESS: u32 = 0;
@@ -92,22 +90,6 @@ pub fn parse(text: &str) -> Option<u32> {
         .iter()
         .find(|e| e.1.trim_end_matches('\0') == full)
         .map(|e| e.0)
-}
-
-/// `CUDA_SIM_FAULT=op=ERROR[,op=ERROR]`: the controller asks the helper to fail `op` with
-/// `ERROR` instead of doing it. Read by the controller side, so a test sets it for the tool (or
-/// CRIU) it runs, not for the application.
-pub const FAULT_ENV: &str = "CUDA_SIM_FAULT";
-
-pub fn injected_fault(op: Op) -> u32 {
-    let Ok(spec) = std::env::var(FAULT_ENV) else {
-        return 0;
-    };
-    spec.split(',')
-        .filter_map(|e| e.split_once('='))
-        .find(|(o, _)| o.trim() == op.name())
-        .and_then(|(_, err)| parse(err))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

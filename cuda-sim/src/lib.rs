@@ -11,11 +11,14 @@
 pub mod control;
 pub mod controller;
 pub mod errors;
+pub mod fault;
 pub mod gpud;
 pub mod nvml;
+pub mod ofd;
 pub mod proto;
 pub mod shm;
 pub mod target;
+pub mod trace;
 
 /// What `cuSimIdentify` reports, so tools can say they are talking to the simulation.
 pub fn identity() -> String {

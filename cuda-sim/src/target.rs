@@ -1,27 +1,36 @@
 //! The simulated driver inside a CUDA process: contexts, device memory, "kernels", the API lock,
-//! and the helper ("restore") thread that carries out checkpoint actions.
+//! and the helper ("restore") thread that carries out checkpoint actions ([`helper`]).
 //!
-//! Semantics reproduced from NVIDIA's driver (../shared/notes/cuda-driver-facts.md):
+//! Semantics reproduced from NVIDIA's driver (docs/driver-facts.md):
 //! * `lock` stops new CUDA calls at their entry and waits for calls in progress and submitted
-//!   work to finish; with a timeout it gives up and leaves the process running.
+//!   work to finish; with a timeout, counted from when the helper takes the request, it gives
+//!   up with CUDA_ERROR_NOT_READY and leaves the process running (F1, F2).
 //! * `checkpoint` (locked only) copies device memory into the process's own memory and closes
-//!   the device connection; the device frees the memory.
+//!   the device connection; the device frees the memory. The GPUs the driver saw are recorded.
 //! * `restore` (checkpointed only) reconnects, reallocates at the same device addresses
-//!   (optionally on other GPUs, by UUID pairs) and copies the data back; the process stays locked.
+//!   (optionally on other GPUs, by a complete map of the recorded GPUs, F8) and copies the data
+//!   back; the process stays locked. Without room on the GPU it fails and the process cannot be
+//!   restored any more (F10).
 //! * `unlock` (locked only) lets CUDA calls run again.
-//! * Wrong state: `CUDA_ERROR_ILLEGAL_STATE`. Every action runs on the helper thread, so a
-//!   stopped process cannot complete one.
+//! * Wrong state: `CUDA_ERROR_ILLEGAL_STATE` (F6). Every action runs on the helper thread, so a
+//!   stopped process cannot complete one (F2).
+
+mod gate;
+mod helper;
+mod link;
+#[cfg(test)]
+mod tests;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, Once, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard, Once, OnceLock};
 
-use crate::control::{state, ControlBlock, Op, Request as CtlRequest, MEMFD_FD_MIN, MEMFD_NAME};
+use self::gate::Gate;
+pub use self::helper::check_pairs;
+use self::link::{connect, Link};
+use crate::control::{MEMFD_FD_MIN, MEMFD_NAME};
 use crate::errors::code;
 use crate::proto::{self, DeviceDesc, Reply, Request, CHUNK};
 use crate::shm::{self, ControlPage, HostBuf};
@@ -31,167 +40,6 @@ const VA_BASE: u64 = 0x7e00_0000_0000;
 const VA_ALIGN: u64 = 2 << 20;
 
 pub type CuResult<T> = Result<T, u32>;
-
-/// The API lock.
-#[derive(Default)]
-struct Gate {
-    m: Mutex<GateState>,
-    cv: Condvar,
-}
-
-#[derive(Default)]
-struct GateState {
-    /// Locked by the checkpoint API: calls wait at their entry.
-    locked: bool,
-    /// A lock is being taken: new calls wait, calls in progress finish.
-    closing: bool,
-    /// Calls in progress.
-    active: usize,
-}
-
-struct GateGuard<'a>(&'a Gate);
-
-impl Gate {
-    fn enter(&self) -> GateGuard<'_> {
-        let mut g = self.m.lock().unwrap();
-        while g.locked || g.closing {
-            g = self.cv.wait(g).unwrap();
-        }
-        g.active += 1;
-        GateGuard(self)
-    }
-
-    /// Stops new calls and waits for the running ones, until `deadline`.
-    fn close(&self, deadline: Option<Instant>) -> bool {
-        let mut g = self.m.lock().unwrap();
-        g.closing = true;
-        while g.active > 0 {
-            match deadline {
-                None => g = self.cv.wait(g).unwrap(),
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        g.closing = false;
-                        self.cv.notify_all();
-                        return false;
-                    }
-                    g = self.cv.wait_timeout(g, left).unwrap().0;
-                }
-            }
-        }
-        true
-    }
-
-    fn set(&self, locked: bool) {
-        let mut g = self.m.lock().unwrap();
-        g.locked = locked;
-        g.closing = false;
-        self.cv.notify_all();
-    }
-}
-
-impl Drop for GateGuard<'_> {
-    fn drop(&mut self) {
-        let mut g = self.0.m.lock().unwrap();
-        g.active -= 1;
-        self.0.cv.notify_all();
-    }
-}
-
-/// The connection to the GPU daemon: the "device file".
-#[derive(Default)]
-struct Link {
-    stream: Option<UnixStream>,
-    /// Submitted asynchronous work not yet completed.
-    pending: usize,
-    /// First error of asynchronous work, reported by the next synchronising call.
-    sticky: u32,
-}
-
-fn lost(_: std::io::Error) -> u32 {
-    code::UNKNOWN
-}
-
-impl Link {
-    fn stream(&mut self) -> CuResult<&mut UnixStream> {
-        self.stream.as_mut().ok_or(code::NOT_INITIALIZED)
-    }
-
-    /// Waits for submitted work, until `deadline`.
-    fn drain(&mut self, deadline: Option<Instant>) -> CuResult<()> {
-        while self.pending > 0 {
-            let s = self.stream()?;
-            if let Some(d) = deadline {
-                let left = d.saturating_duration_since(Instant::now());
-                let ts = rustix::time::Timespec {
-                    tv_sec: left.as_secs() as i64,
-                    tv_nsec: left.subsec_nanos() as i64,
-                };
-                let mut fds = [rustix::event::PollFd::new(
-                    &*s,
-                    rustix::event::PollFlags::IN,
-                )];
-                if rustix::event::poll(&mut fds, Some(&ts)).map_err(|_| code::UNKNOWN)? == 0 {
-                    return Err(code::TIMEOUT);
-                }
-            }
-            let answer = proto::recv_answer(s).map_err(lost)?;
-            self.pending -= 1;
-            if let Err(c) = answer {
-                if self.sticky == 0 {
-                    self.sticky = c;
-                }
-            }
-        }
-        match std::mem::take(&mut self.sticky) {
-            0 => Ok(()),
-            c => Err(c),
-        }
-    }
-
-    fn call(&mut self, req: &Request) -> CuResult<Reply> {
-        self.drain(None)?;
-        let s = self.stream()?;
-        req.send(s).and_then(|()| s.flush()).map_err(lost)?;
-        proto::recv_answer(s).map_err(lost)?
-    }
-
-    fn submit(&mut self, req: &Request) -> CuResult<()> {
-        let s = self.stream()?;
-        req.send(s).map_err(lost)?;
-        self.pending += 1;
-        Ok(())
-    }
-
-    fn write(&mut self, dptr: u64, offset: u64, data: &[u8]) -> CuResult<()> {
-        self.drain(None)?;
-        let s = self.stream()?;
-        proto::send_write(s, dptr, offset, data).map_err(lost)?;
-        proto::recv_answer(s).map_err(lost)?.map(|_| ())
-    }
-
-    fn read(&mut self, dptr: u64, offset: u64, dst: &mut [u8]) -> CuResult<()> {
-        self.drain(None)?;
-        let s = self.stream()?;
-        Request::Read {
-            dptr,
-            offset,
-            len: dst.len() as u64,
-        }
-        .send(s)
-        .map_err(lost)?;
-        proto::recv_data_into(s, dst).map_err(lost)?
-    }
-}
-
-fn connect(socket: &str) -> CuResult<(UnixStream, Vec<DeviceDesc>)> {
-    let mut s = UnixStream::connect(socket).map_err(|_| code::NO_DEVICE)?;
-    Request::Hello { app: true }.send(&mut s).map_err(lost)?;
-    match proto::recv_answer(&mut s).map_err(lost)?? {
-        Reply::Hello { devices, .. } if !devices.is_empty() => Ok((s, devices)),
-        _ => Err(code::NO_DEVICE),
-    }
-}
 
 /// One device allocation.
 struct Alloc {
@@ -209,9 +57,14 @@ pub struct Runtime {
     devices: Mutex<Vec<DeviceDesc>>,
     allocs: Mutex<BTreeMap<u64, Alloc>>,
     next_va: AtomicU64,
+    /// The GPUs the driver saw at the last checkpoint: a restore map must name each (F8).
+    checkpoint_gpus: Mutex<Vec<[u8; 16]>>,
+    /// Set when a restore failed for lack of GPU memory: no restore works after that (F10).
+    unrestorable: AtomicBool,
     ctl: ControlPage,
-    /// Kept open so a controller finds the page in /proc/PID/fd.
-    _ctl_fd: OwnedFd,
+    /// Kept open so a controller finds the page in /proc/PID/fd; the helper's own description
+    /// of it, through which it sees the controllers' locks.
+    ctl_fd: OwnedFd,
 }
 
 static RUNTIME: OnceLock<CuResult<Runtime>> = OnceLock::new();
@@ -276,7 +129,11 @@ pub fn api<T>(f: impl FnOnce(&Runtime) -> CuResult<T>) -> CuResult<T> {
 
 impl Runtime {
     fn start() -> CuResult<Runtime> {
-        let socket = proto::socket_path();
+        Runtime::start_on(&proto::socket_path())
+    }
+
+    fn start_on(socket: &str) -> CuResult<Runtime> {
+        let socket = socket.to_owned();
         let (stream, devices) = connect(&socket)?;
         let memfd = shm::control_memfd(MEMFD_NAME).map_err(|_| code::OPERATING_SYSTEM)?;
         let fd = rustix::io::fcntl_dupfd_cloexec(&memfd, MEMFD_FD_MIN)
@@ -290,15 +147,14 @@ impl Runtime {
         Ok(Runtime {
             socket,
             gate: Gate::default(),
-            link: Mutex::new(Link {
-                stream: Some(stream),
-                ..Link::default()
-            }),
+            link: Mutex::new(Link::connected(stream)),
             devices: Mutex::new(devices),
             allocs: Mutex::new(BTreeMap::new()),
             next_va: AtomicU64::new(VA_BASE),
+            checkpoint_gpus: Mutex::new(Vec::new()),
+            unrestorable: AtomicBool::new(false),
             ctl,
-            _ctl_fd: fd,
+            ctl_fd: fd,
         })
     }
 
@@ -422,137 +278,5 @@ impl Runtime {
             Reply::MemInfo { free, total } => Ok((free, total)),
             _ => Err(code::UNKNOWN),
         }
-    }
-
-    // ---- the helper thread ----
-
-    fn block(&self) -> &ControlBlock {
-        self.ctl.block()
-    }
-
-    fn serve_controller(&self) -> ! {
-        loop {
-            let req = self.block().next_request();
-            let result = self.perform(&req);
-            self.block().complete(result);
-        }
-    }
-
-    fn perform(&self, req: &CtlRequest) -> u32 {
-        let needed = match req.op {
-            Op::Lock => state::RUNNING,
-            Op::Checkpoint | Op::Unlock => state::LOCKED,
-            Op::Restore => state::CHECKPOINTED,
-        };
-        if self.block().state() != needed {
-            return code::ILLEGAL_STATE;
-        }
-        if req.fault != 0 {
-            return req.fault;
-        }
-        let result = match req.op {
-            Op::Lock => self.lock(req.timeout_ms),
-            Op::Checkpoint => self.checkpoint(),
-            Op::Restore => self.restore(&req.pairs),
-            Op::Unlock => {
-                self.gate.set(false);
-                self.block().set_state(state::RUNNING);
-                Ok(())
-            }
-        };
-        result.err().unwrap_or(code::SUCCESS)
-    }
-
-    fn lock(&self, timeout_ms: u32) -> CuResult<()> {
-        let deadline =
-            (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
-        if !self.gate.close(deadline) {
-            return Err(code::TIMEOUT);
-        }
-        if let Err(e) = self.link().drain(deadline) {
-            self.gate.set(false);
-            return Err(e);
-        }
-        self.gate.set(true);
-        self.block().set_state(state::LOCKED);
-        Ok(())
-    }
-
-    fn checkpoint(&self) -> CuResult<()> {
-        let mut link = self.link();
-        let mut allocs = self.allocs.lock().unwrap();
-        let copied: CuResult<()> = allocs.iter_mut().try_for_each(|(&dptr, a)| {
-            let mut host = HostBuf::new(a.size as usize).map_err(|_| code::OUT_OF_MEMORY)?;
-            for (i, chunk) in host.as_mut_slice().chunks_mut(CHUNK).enumerate() {
-                link.read(dptr, (i * CHUNK) as u64, chunk)?;
-            }
-            a.host = Some(host);
-            Ok(())
-        });
-        if let Err(e) = copied {
-            allocs.values_mut().for_each(|a| a.host = None);
-            if e != code::OUT_OF_MEMORY {
-                // The device went away under us: nothing consistent is left to go back to.
-                self.block().set_state(state::FAILED);
-            }
-            return Err(e);
-        }
-        // Let go of the device: the daemon frees the device memory.
-        *link = Link::default();
-        SOCKET_FD.store(-1, Ordering::SeqCst);
-        self.block().set_state(state::CHECKPOINTED);
-        Ok(())
-    }
-
-    fn restore(&self, pairs: &[([u8; 16], [u8; 16])]) -> CuResult<()> {
-        let mut current = self.link();
-        let (stream, devices) = connect(&self.socket)?;
-        let mut link = Link {
-            stream: Some(stream),
-            ..Link::default()
-        };
-        let mut allocs = self.allocs.lock().unwrap();
-        let mut placed = Vec::new();
-        for (&dptr, a) in allocs.iter() {
-            let uuid = if pairs.is_empty() {
-                a.uuid
-            } else {
-                // Once a map is given it must name every device the process used.
-                pairs
-                    .iter()
-                    .find(|(old, _)| *old == a.uuid)
-                    .map(|(_, new)| *new)
-                    .ok_or(code::INVALID_VALUE)?
-            };
-            let device = devices
-                .iter()
-                .position(|d| d.uuid == uuid)
-                .ok_or(code::INVALID_DEVICE)? as u32;
-            // An error drops `link`, and with it everything allocated so far.
-            link.call(&Request::Alloc {
-                device,
-                dptr,
-                size: a.size,
-            })?;
-            let host = a.host.as_ref().ok_or(code::ILLEGAL_STATE)?;
-            for (i, chunk) in host.as_slice().chunks(CHUNK).enumerate() {
-                link.write(dptr, (i * CHUNK) as u64, chunk)?;
-            }
-            placed.push((dptr, device, uuid));
-        }
-        for (dptr, device, uuid) in placed {
-            let a = allocs.get_mut(&dptr).expect("own allocation");
-            a.device = device;
-            a.uuid = uuid;
-            a.host = None;
-        }
-        *self.devices.lock().unwrap() = devices;
-        SOCKET_FD.store(
-            link.stream.as_ref().map_or(-1, |s| s.as_raw_fd()),
-            Ordering::SeqCst,
-        );
-        *current = link;
-        self.block().set_state(state::LOCKED);
-        Ok(())
     }
 }

@@ -135,6 +135,36 @@ pub fn wait_gone(pid: i32) {
     );
 }
 
+/// Stopped by a signal (state T in /proc).
+pub fn is_stopped(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+    })
+}
+
+/// Waits for a background command and returns its output, or kills it after `limit`.
+pub fn finish_within(child: Child, limit: Duration) -> Option<Output> {
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.ok(),
+        Err(_) => {
+            signal(pid, nix::sys::signal::Signal::SIGKILL);
+            None
+        }
+    }
+}
+
+/// Kills a background command (a controller "dying") and reaps it.
+pub fn kill_child(mut child: Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 pub fn signal(pid: i32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
 }
@@ -271,6 +301,47 @@ impl Sim {
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
             .output()
             .expect("run cuda-checkpoint-ctl")
+    }
+
+    /// Starts cuda-checkpoint-ctl in the background (output captured), e.g. to kill it while
+    /// its driver call waits.
+    pub fn ctl_spawn(&self, args: &[&str], extra: &[(&str, &str)]) -> Child {
+        Command::new(artifact("cuda-checkpoint-ctl"))
+            .args(args)
+            .envs(self.env())
+            .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cuda-checkpoint-ctl")
+    }
+
+    /// Waits until an action is pending or running on `pid`: its state cannot be read then
+    /// (docs/driver-facts.md, F4). On a running process the driver takes a request at once, so
+    /// after this a controller that dies no longer takes its action with it.
+    pub fn wait_busy(&self, pid: i32) -> bool {
+        let p = pid.to_string();
+        wait_until(Duration::from_secs(10), || {
+            let probe = self.ctl_spawn(&["--get-state", "--pid", &p], &[]);
+            finish_within(probe, Duration::from_millis(150)).is_none()
+        })
+    }
+
+    /// Runs cuda-checkpoint-ctl as the unprivileged user `nobody`.
+    pub fn ctl_as_nobody(&self, args: &[&str]) -> Output {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(artifact("cuda-checkpoint-ctl"))
+            .args(args)
+            .envs(self.env())
+            .output()
+            .expect("run cuda-checkpoint-ctl with setpriv")
+    }
+
+    /// The UUIDs of the simulated GPUs, in index order.
+    pub fn gpu_uuids(&self) -> Vec<String> {
+        self.gpus().into_iter().map(|(u, _)| u).collect()
     }
 
     /// `cuda-checkpoint-ctl ARGS --json`, parsed.

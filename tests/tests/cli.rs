@@ -1,13 +1,37 @@
 //! cuda-checkpoint-ctl against the simulated driver: the cuda-checkpoint command line, the
-//! driver's state machine and errors, group operations, rollback, device maps.
+//! driver's state machine and errors, group operations, rollback. The measured driver facts
+//! (docs/driver-facts.md), recovery, messages and device maps have modules of their own.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpu_ckpt_tests::*;
 use nix::sys::signal::Signal;
 
+#[path = "cli/facts.rs"]
+mod facts;
+#[path = "cli/messages.rs"]
+mod messages;
+#[path = "cli/placement.rs"]
+mod placement;
+#[path = "cli/recover.rs"]
+mod recover;
+
 fn pid_s(pid: i32) -> String {
     pid.to_string()
+}
+
+/// The pids of a test app's GPU children, once each has logged a step.
+fn gpu_children(root: &App, n: usize) -> Vec<i32> {
+    for i in 0..n {
+        let log = root.log.with_extension(format!("log.gpu{i}"));
+        assert!(
+            wait_until(Duration::from_secs(20), || read_lines(&log).len() > 1),
+            "child {i} did not start"
+        );
+    }
+    let kids = cuda_checkpoint_ctl::process::children(root.pid);
+    assert_eq!(kids.len(), n, "{kids:?}");
+    kids
 }
 
 #[test]
@@ -76,7 +100,11 @@ fn output_and_exit_codes_match_cuda_checkpoint() {
     let me = pid_s(std::process::id() as i32);
     let out = sim.ctl(&["--get-state", "--pid", &me]);
     assert_eq!(exit_code(&out), 3, "{}", stderr(&out));
-    assert!(stderr(&out).contains("\"initialization error\""));
+    assert!(
+        stderr(&out).contains("\"initialization error\""),
+        "{}",
+        stderr(&out)
+    );
     // No such process: CUDA_ERROR_OPERATING_SYSTEM (304).
     let out = sim.ctl(&["--get-state", "--pid", "999999999"]);
     assert_eq!(exit_code(&out), 304 & 0xff, "{}", stderr(&out));
@@ -94,69 +122,6 @@ fn output_and_exit_codes_match_cuda_checkpoint() {
     }
     assert!(app.advances(3));
     app.assert_healthy();
-}
-
-#[test]
-fn lock_waits_for_submitted_work_and_times_out_leaving_the_process_running() {
-    let mut sim = Sim::start();
-    // Every step submits a kernel that keeps the GPU busy for 1.5 s.
-    let app = sim.app("busy", &["--busy-ms", "1500", "--interval-ms", "0"]);
-    let p = pid_s(app.pid);
-    let out = sim.ctl(&["--action", "lock", "--pid", &p, "--timeout", "300"]);
-    assert_eq!(
-        exit_code(&out),
-        909 & 0xff,
-        "CUDA_ERROR_TIMEOUT: {}",
-        stderr(&out)
-    );
-    assert_eq!(sim.state(app.pid), "running");
-    assert!(
-        app.advances(1),
-        "the app keeps running after a timed-out lock"
-    );
-
-    let start = Instant::now();
-    let out = sim.ctl(&["--action", "lock", "--pid", &p, "--timeout", "10000"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        start.elapsed() >= Duration::from_millis(100),
-        "the lock waited for the running kernel"
-    );
-    assert_eq!(sim.state(app.pid), "locked");
-    assert!(app.stalls_for(Duration::from_millis(2000)));
-    assert!(sim
-        .ctl(&["--action", "unlock", "--pid", &p])
-        .status
-        .success());
-    assert!(app.advances(1));
-    app.assert_healthy();
-}
-
-#[test]
-fn a_stopped_process_cannot_complete_an_action() {
-    let mut sim = Sim::start();
-    let app = sim.app("stopped", &[]);
-    let p = pid_s(app.pid);
-    signal(app.pid, Signal::SIGSTOP);
-    // The driver's helper thread cannot run, so the lock cannot finish; the simulation gives up
-    // after CUDA_SIM_PICKUP_TIMEOUT_MS instead of waiting for ever like the real driver.
-    let out = sim.ctl_env(
-        &["--action", "lock", "--pid", &p, "--timeout", "100"],
-        &[("CUDA_SIM_PICKUP_TIMEOUT_MS", "500")],
-    );
-    assert_eq!(exit_code(&out), 909 & 0xff, "{}", stderr(&out));
-    // State and restore thread are still readable: they need no help from the process.
-    assert_eq!(sim.state(app.pid), "running");
-    assert!(sim
-        .ctl(&["--get-restore-tid", "--pid", &p])
-        .status
-        .success());
-    signal(app.pid, Signal::SIGCONT);
-    assert!(
-        app.advances(2),
-        "the withdrawn request was not carried out later"
-    );
-    assert_eq!(sim.state(app.pid), "running");
 }
 
 #[test]
@@ -237,139 +202,6 @@ fn a_tree_is_suspended_and_resumed_concurrently() {
 }
 
 #[test]
-fn when_one_process_of_a_group_fails_the_others_are_put_back() {
-    let mut sim = Sim::start();
-    let root = sim.app("group", &["--children", "2", "--mib", "4"]);
-    let kids = cuda_checkpoint_ctl::process::children(root.pid);
-    assert_eq!(kids.len(), 2);
-    for i in 0..2 {
-        let log = root.log.with_extension(format!("log.gpu{i}"));
-        assert!(wait_until(Duration::from_secs(20), || read_lines(&log)
-            .len()
-            > 1));
-    }
-    // One child cannot run its driver thread: its suspension fails.
-    signal(kids[0], Signal::SIGSTOP);
-    let out = sim.ctl_env(
-        &["--suspend", "--tree", &pid_s(root.pid), "--json"],
-        &[("CUDA_SIM_PICKUP_TIMEOUT_MS", "500")],
-    );
-    assert_eq!(exit_code(&out), 1);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for p in v["processes"].as_array().unwrap() {
-        if p["pid"] == kids[0] {
-            assert!(p["error"].as_str().unwrap().contains("timeout"), "{p}");
-        } else {
-            assert_eq!(p["rolled_back"], true, "{p}");
-            assert_eq!(p["after"], "running", "{p}");
-        }
-    }
-    signal(kids[0], Signal::SIGCONT);
-    for pid in std::iter::once(root.pid).chain(kids) {
-        assert_eq!(sim.state(pid), "running");
-    }
-    assert!(root.advances(2));
-}
-
-#[test]
-fn restore_moves_a_process_to_another_gpu_by_uuid() {
-    let mut sim = Sim::with(SimSpec {
-        gpus: 2,
-        memory: "256MiB",
-        ..SimSpec::default()
-    });
-    let app = sim.app("app", &["--mib", "32"]);
-    let p = pid_s(app.pid);
-    let gpus = sim.gpus();
-    assert_eq!((gpus[0].1, gpus[1].1), (32 << 20, 0));
-    assert!(sim.ctl(&["--suspend", "--pid", &p]).status.success());
-
-    // A map that does not name the process's GPU is refused (the driver wants them all).
-    let elsewhere = format!("{}={}", gpus[1].0, gpus[0].0);
-    let out = sim.ctl(&["--resume", "--pid", &p, "--device-map", &elsewhere]);
-    assert_eq!(
-        exit_code(&out),
-        1,
-        "CUDA_ERROR_INVALID_VALUE: {}",
-        stderr(&out)
-    );
-    // A target that does not exist.
-    let ghost = format!("{}=GPU-00000000-0000-0000-0000-000000000001", gpus[0].0);
-    let out = sim.ctl(&["--resume", "--pid", &p, "--device-map", &ghost]);
-    assert_eq!(
-        exit_code(&out),
-        101,
-        "CUDA_ERROR_INVALID_DEVICE: {}",
-        stderr(&out)
-    );
-    assert_eq!(
-        sim.state(app.pid),
-        "checkpointed",
-        "failed restores change nothing"
-    );
-
-    let map = format!("{}={}", gpus[0].0, gpus[1].0);
-    let out = sim.ctl(&["--resume", "--pid", &p, "-d", &map]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let gpus = sim.gpus();
-    assert_eq!(
-        (gpus[0].1, gpus[1].1),
-        (0, 32 << 20),
-        "now on the second GPU"
-    );
-    assert!(app.advances(3));
-    app.assert_healthy();
-}
-
-#[test]
-fn a_restore_without_room_fails_cleanly_and_can_be_retried() {
-    let mut sim = Sim::with(SimSpec {
-        memory: "64MiB",
-        ..SimSpec::default()
-    });
-    let a = sim.app("a", &["--mib", "40"]);
-    assert!(sim
-        .ctl(&["--suspend", "--pid", &pid_s(a.pid)])
-        .status
-        .success());
-    let b = sim.app("b", &["--mib", "40"]);
-    let out = sim.ctl(&["--resume", "--pid", &pid_s(a.pid)]);
-    assert_eq!(
-        exit_code(&out),
-        2,
-        "CUDA_ERROR_OUT_OF_MEMORY: {}",
-        stderr(&out)
-    );
-    assert_eq!(sim.state(a.pid), "checkpointed");
-    signal(b.pid, Signal::SIGKILL);
-    assert!(wait_until(Duration::from_secs(5), || sim.gpus()[0].1 == 0));
-    let out = sim.ctl(&["--resume", "--pid", &pid_s(a.pid)]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(a.advances(3));
-    a.assert_healthy();
-}
-
-#[test]
-fn recover_brings_back_locked_and_checkpointed_processes() {
-    let mut sim = Sim::start();
-    let a = sim.app("a", &[]);
-    let b = sim.app("b", &[]);
-    assert!(sim
-        .ctl(&["--action", "lock", "--pid", &pid_s(a.pid)])
-        .status
-        .success());
-    assert!(sim
-        .ctl(&["--suspend", "--pid", &pid_s(b.pid)])
-        .status
-        .success());
-    let out = sim.ctl(&["--recover", "--all"]);
-    assert!(out.status.success(), "{}", stdout(&out));
-    assert_eq!(sim.state(a.pid), "running");
-    assert_eq!(sim.state(b.pid), "running");
-    assert!(a.advances(2) && b.advances(2));
-}
-
-#[test]
 fn a_cgroup_selects_its_processes() {
     let mut sim = Sim::start();
     let app = sim.app("app", &[]);
@@ -399,32 +231,4 @@ fn a_cgroup_selects_its_processes() {
     signal(app.pid, Signal::SIGKILL);
     wait_gone(app.pid);
     let _ = std::fs::remove_dir(&cg);
-}
-
-#[test]
-fn a_missing_or_old_driver_is_named_with_the_fix() {
-    let sim = Sim::start();
-    let out = sim.ctl_env(
-        &["--get-state", "--pid", "1"],
-        &[("CUDA_CKPT_LIBCUDA", "/nonexistent/libcuda.so.1")],
-    );
-    assert_eq!(exit_code(&out), 1);
-    assert!(
-        stderr(&out).contains("install the NVIDIA driver"),
-        "{}",
-        stderr(&out)
-    );
-    // A library without the checkpoint API stands in for a driver older than r570.
-    let out = sim.ctl_env(
-        &["--get-state", "--pid", "1"],
-        &[("CUDA_CKPT_LIBCUDA", "libc.so.6")],
-    );
-    assert_eq!(exit_code(&out), 1);
-    assert!(
-        stderr(&out).contains("cuCheckpointProcess") && stderr(&out).contains("r570"),
-        "{}",
-        stderr(&out)
-    );
-    let out = sim.ctl(&["--get-state"]);
-    assert_eq!(exit_code(&out), 2, "no process named");
 }

@@ -14,6 +14,8 @@ mod ffi;
 mod uuid;
 
 use std::fmt;
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -127,9 +129,12 @@ pub mod code {
     pub const OPERATING_SYSTEM: u32 = 304;
     pub const ILLEGAL_STATE: u32 = 401;
     pub const NOT_FOUND: u32 = 500;
+    /// What driver r580 answers for a lock that gave up waiting for GPU work.
+    pub const NOT_READY: u32 = 600;
     pub const NOT_PERMITTED: u32 = 800;
     pub const NOT_SUPPORTED: u32 = 801;
     pub const TIMEOUT: u32 = 909;
+    pub const UNKNOWN: u32 = 999;
 }
 
 /// A failed driver call, with the driver's own name and description of the result.
@@ -147,11 +152,22 @@ impl CudaError {
     pub fn is_timeout(&self) -> bool {
         self.code == code::TIMEOUT
     }
+
+    /// A lock that gave up waiting for GPU work within its timeout: driver r580 answers
+    /// CUDA_ERROR_NOT_READY (measured), older drivers are said to answer CUDA_ERROR_TIMEOUT.
+    pub fn is_lock_timeout(&self) -> bool {
+        self.call == Call::Lock && matches!(self.code, code::NOT_READY | code::TIMEOUT)
+    }
 }
 
 /// Why the driver library cannot be used.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LoadError {
+    #[error(
+        "the CUDA driver library name is empty; name the library (e.g. --driver \
+         /usr/lib/x86_64-linux-gnu/libcuda.so.1) or leave the option out to use {DEFAULT_LIBCUDA}"
+    )]
+    Unnamed,
     #[error(
         "the CUDA driver library {library} could not be loaded ({reason}); install the NVIDIA \
          driver (r570 or later), or name the library with {LIBCUDA_ENV}=PATH"
@@ -192,11 +208,28 @@ impl fmt::Display for DriverInfo {
     }
 }
 
-/// The loaded driver. Cheap to share between threads: calls on different processes run in
-/// parallel inside the driver.
+/// The loaded driver. Cheap to clone and share between threads: calls on different processes
+/// run in parallel inside the driver.
+#[derive(Clone)]
 pub struct Driver {
-    raw: ffi::RawDriver,
+    raw: Arc<ffi::RawDriver>,
     info: DriverInfo,
+}
+
+/// A driver call running on a worker thread ([`Driver::start`]).
+pub struct Pending<T>(Receiver<T>);
+
+impl<T> Pending<T> {
+    /// The call's result, if it returns within `limit`. `None` leaves it running: the driver
+    /// cannot cancel a call, so its thread ends when the call does.
+    pub fn wait_for(&self, limit: Duration) -> Option<T> {
+        self.0.recv_timeout(limit).ok()
+    }
+
+    /// The call's result, however long it takes (`None` if its thread panicked).
+    pub fn wait(self) -> Option<T> {
+        self.0.recv().ok()
+    }
 }
 
 impl Driver {
@@ -207,6 +240,9 @@ impl Driver {
             .map(str::to_owned)
             .or(env)
             .unwrap_or_else(|| DEFAULT_LIBCUDA.to_owned());
+        if name.trim().is_empty() {
+            return Err(LoadError::Unnamed);
+        }
         let raw = ffi::RawDriver::open(&name).map_err(|e| match e {
             ffi::LoadError::Open(reason) => LoadError::Missing {
                 library: name.clone(),
@@ -226,11 +262,38 @@ impl Driver {
             simulated: raw.simulation(),
         };
         tracing::trace!("CUDA driver loaded: {}", info);
-        Ok(Driver { raw, info })
+        Ok(Driver {
+            raw: Arc::new(raw),
+            info,
+        })
     }
 
     pub fn info(&self) -> &DriverInfo {
         &self.info
+    }
+
+    /// Starts `f` with this driver on a worker thread of its own. Driver calls can block
+    /// without limit (an action on a stopped process; the state while an action runs), so
+    /// callers that must not hang wait for the result with a limit.
+    pub fn start<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Driver) -> T + Send + 'static,
+    ) -> Pending<T> {
+        let (tx, rx) = mpsc::channel();
+        let driver = self.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(f(&driver));
+        });
+        Pending(rx)
+    }
+
+    /// `f` with this driver, if it returns within `limit` (see [`Driver::start`]).
+    pub fn within<T: Send + 'static>(
+        &self,
+        limit: Duration,
+        f: impl FnOnce(&Driver) -> T + Send + 'static,
+    ) -> Option<T> {
+        self.start(f).wait_for(limit)
     }
 
     fn error(&self, call: Call, pid: i32, code: u32) -> CudaError {
@@ -264,7 +327,9 @@ impl Driver {
     }
 
     /// Blocks further CUDA calls in `pid` once submitted work has finished. With a timeout the
-    /// driver gives up after it and leaves the process running.
+    /// driver gives up after it and leaves the process running ([`CudaError::is_lock_timeout`]);
+    /// the timeout counts from when the process's driver thread takes the request, so a lock
+    /// of a stopped process waits until the process runs again.
     pub fn lock(&self, pid: i32, timeout: Option<Duration>) -> Result<(), CudaError> {
         let ms = timeout.map_or(0, |t| t.as_millis().clamp(1, u32::MAX as u128) as u32);
         self.raw
@@ -336,6 +401,27 @@ mod tests {
     fn cuda_versions_format_like_nvidia_smi() {
         assert_eq!(format_cuda_version(13000), "13.0");
         assert_eq!(format_cuda_version(12080), "12.8");
+    }
+
+    #[test]
+    fn lock_timeouts_are_recognised_in_both_spellings() {
+        let e = |call, code| CudaError {
+            call,
+            pid: 1,
+            code,
+            name: String::new(),
+            description: String::new(),
+        };
+        assert!(e(Call::Lock, code::NOT_READY).is_lock_timeout());
+        assert!(e(Call::Lock, code::TIMEOUT).is_lock_timeout());
+        assert!(!e(Call::Checkpoint, code::NOT_READY).is_lock_timeout());
+        assert!(!e(Call::Lock, code::ILLEGAL_STATE).is_lock_timeout());
+    }
+
+    #[test]
+    fn an_empty_library_name_is_refused_with_the_fix() {
+        let msg = Driver::load(Some("")).err().unwrap().to_string();
+        assert!(msg.contains("empty") && msg.contains("--driver"), "{msg}");
     }
 
     #[test]

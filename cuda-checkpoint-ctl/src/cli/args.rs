@@ -1,0 +1,164 @@
+//! The command line.
+
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Parser, ValueEnum};
+
+use cuda_checkpoint_ctl::driver::Call;
+
+const AFTER_HELP: &str = "\
+Compatible with NVIDIA's cuda-checkpoint: with --pid, the operations print the same words and
+exit with the same status (0, or the CUDA error code), and wait as long as the driver does.
+--tree, --cgroup and --all act on every CUDA process found there, concurrently; a --suspend or
+--toggle that fails for one of them puts the others back (unless --no-rollback). There, and in
+--recover, no driver call waits longer than --wait.
+
+--device-map takes OLD=NEW pairs of GPU UUIDs, partial or complete, or 'auto': the driver needs
+every GPU it saw at checkpoint placed on a GPU of its own, so the map is completed with this
+machine's GPUs (unnamed GPUs stay where they are, or take a free GPU of the same model).
+
+Environment: CUDA_CKPT_LIBCUDA and CUDA_CKPT_LIBNVML name the driver and NVML libraries
+(defaults libcuda.so.1 and libnvidia-ml.so.1); CUDA_CKPT_LOG sets the log filter.";
+
+/// Seconds any one driver call may take in group operations and --recover.
+pub const DEFAULT_WAIT_S: u64 = 600;
+/// Seconds a listing waits for each process's state.
+pub const LIST_WAIT_S: u64 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cuda-checkpoint-ctl",
+    version,
+    about = "CUDA checkpoint and restore utility (cuda-checkpoint compatible)",
+    after_help = AFTER_HELP
+)]
+#[command(group(
+    ArgGroup::new("operation")
+        .required(true)
+        .args(["get_state", "action", "toggle", "get_restore_tid", "suspend", "resume", "recover", "list", "gpus"])
+))]
+#[command(group(ArgGroup::new("target").args(["pid", "tree", "cgroup", "all"])))]
+pub struct Args {
+    /// Print the checkpoint state (running, locked, checkpointed, failed).
+    #[arg(long)]
+    pub get_state: bool,
+    /// Perform one driver action.
+    #[arg(long, value_enum, value_name = "ACTION")]
+    pub action: Option<ActionArg>,
+    /// Toggle between running and checkpointed.
+    #[arg(long)]
+    pub toggle: bool,
+    /// Print the CUDA restore thread id.
+    #[arg(long)]
+    pub get_restore_tid: bool,
+    /// Lock and checkpoint (running -> checkpointed); undone if the checkpoint fails.
+    #[arg(long)]
+    pub suspend: bool,
+    /// Restore and unlock (checkpointed -> running).
+    #[arg(long)]
+    pub resume: bool,
+    /// Bring locked or checkpointed processes back to running (e.g. after CRIU was killed),
+    /// after waiting for an action still in progress.
+    #[arg(long)]
+    pub recover: bool,
+    /// List CUDA processes with state and GPU memory (all processes unless a target is given).
+    #[arg(long)]
+    pub list: bool,
+    /// Show the GPUs of this machine (NVML).
+    #[arg(long)]
+    pub gpus: bool,
+
+    /// The process to act on.
+    #[arg(short, long)]
+    pub pid: Option<i32>,
+    /// A process and all its descendants.
+    #[arg(long, value_name = "PID")]
+    pub tree: Option<i32>,
+    /// Every process of a cgroup (absolute, or relative to /sys/fs/cgroup).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+    /// Every CUDA process on the machine.
+    #[arg(long)]
+    pub all: bool,
+
+    /// Lock timeout in milliseconds.
+    #[arg(short, long, value_name = "MS")]
+    pub timeout: Option<u64>,
+    /// Restore onto other GPUs: OLD_UUID=NEW_UUID[,...] (completed with this machine's GPUs),
+    /// or 'auto'.
+    #[arg(short, long, value_name = "MAP")]
+    pub device_map: Option<String>,
+    /// The longest one driver call may take in group operations and --recover, in seconds
+    /// [default: 600; 2 for listings].
+    #[arg(long, value_name = "SECONDS")]
+    pub wait: Option<u64>,
+    /// Print JSON (errors too, on stdout).
+    #[arg(long)]
+    pub json: bool,
+    /// Do not put other processes back when one of a group fails to suspend.
+    #[arg(long)]
+    pub no_rollback: bool,
+    /// The driver library (default: $CUDA_CKPT_LIBCUDA or libcuda.so.1).
+    #[arg(long, value_name = "PATH")]
+    pub driver: Option<String>,
+    /// The NVML library (default: $CUDA_CKPT_LIBNVML or libnvidia-ml.so.1).
+    #[arg(long, value_name = "PATH")]
+    pub nvml: Option<String>,
+    /// More log output (repeat for more).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ActionArg {
+    Lock,
+    Checkpoint,
+    Restore,
+    Unlock,
+}
+
+impl ActionArg {
+    pub fn call(self) -> Call {
+        match self {
+            ActionArg::Lock => Call::Lock,
+            ActionArg::Checkpoint => Call::Checkpoint,
+            ActionArg::Restore => Call::Restore,
+            ActionArg::Unlock => Call::Unlock,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("cuda-checkpoint-ctl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn accepts_the_cuda_checkpoint_command_line() {
+        let a = parse(&["--toggle", "--pid", "42"]).unwrap();
+        assert!(a.toggle && a.pid == Some(42));
+        let a = parse(&["--action", "lock", "-p", "42", "-t", "500"]).unwrap();
+        assert!(matches!(a.action, Some(ActionArg::Lock)) && a.timeout == Some(500));
+        let a = parse(&["--action", "restore", "--pid", "1", "-d", "GPU-a=GPU-b"]).unwrap();
+        assert_eq!(a.device_map.as_deref(), Some("GPU-a=GPU-b"));
+        assert!(
+            parse(&["--get-restore-tid", "--pid", "7"])
+                .unwrap()
+                .get_restore_tid
+        );
+        assert!(parse(&["--get-state", "--pid", "7"]).unwrap().get_state);
+        let a = parse(&["--recover", "--all", "--wait", "30"]).unwrap();
+        assert_eq!(a.wait, Some(30));
+    }
+
+    #[test]
+    fn refuses_two_operations_or_two_targets() {
+        assert!(parse(&["--toggle", "--get-state", "--pid", "1"]).is_err());
+        assert!(parse(&["--toggle", "--pid", "1", "--tree", "1"]).is_err());
+        assert!(parse(&["--pid", "1"]).is_err());
+        assert!(parse(&["--action", "explode", "--pid", "1"]).is_err());
+    }
+}
