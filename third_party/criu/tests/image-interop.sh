@@ -1,8 +1,8 @@
 #!/bin/bash
 # Images of the project's CRIU and of stock 4.2.1 are interchangeable: the page I/O patches
 # (0003, 0004) change how pages are copied, not the image format. Real CRIU dumps and restores
-# a process tree (a shell and two mem-app processes of 256 MiB each, all data checked word for
-# word after every restore):
+# a process tree (a shell and two mem-app processes of 256 MiB each, one of them with a child
+# forked before its data, all data checked word for word after every restore):
 #   patched dump -> stock restore, stock dump -> patched restore, patched -> patched;
 # the patched runs use 4 page I/O threads (and must log that they did), and after each restore
 # a forked child of each mem-app checks the memory it inherited. Last, the same (stopped) tree
@@ -60,7 +60,7 @@ wait_line() {
 	return 1
 }
 
-setsid bash -c "'$work/mem-app' 0.25 11 '$work/a.status' & '$work/mem-app' 0.25 12 '$work/b.status' & wait" \
+setsid bash -c "'$work/mem-app' 0.25 11 '$work/a.status' --with-child & '$work/mem-app' 0.25 12 '$work/b.status' & wait" \
 	</dev/null >/dev/null 2>&1 &
 root=$!
 disown "$root"
@@ -68,7 +68,8 @@ pids=("$root")
 wait_line "$work/a.status" '^ready' && wait_line "$work/b.status" '^ready'
 apps=("$(sed -n 's/^ready pid=\([0-9]*\).*/\1/p' "$work/a.status")"
 	"$(sed -n 's/^ready pid=\([0-9]*\).*/\1/p' "$work/b.status")")
-pids+=("${apps[@]}")
+child=$(cat "/proc/${apps[0]}/task/${apps[0]}/children")
+pids+=("${apps[@]}" "$child")
 step=0
 
 gone() { # gone PID...: waits (at most 10 s) until none of the processes exists
@@ -112,6 +113,8 @@ round() {
 	check "$name: the tree is gone after the dump" gone "${pids[@]}"
 	check "$name: restore ($restore_build)" "${restorer[@]}" restore -D "$dir" -d -v4 -o restore.log
 	check "$name: data intact in both processes and in forked children" data_ok
+	check "$name: the child of the first process is back" \
+		test "$(cat "/proc/${apps[0]}/task/${apps[0]}/children" 2>/dev/null)" = "$child"
 	if [ "$dump_build" = patched ]; then
 		check "$name: the patched dump copied pages with 4 threads" \
 			grep -qE 'pages: pid [0-9]+: wrote 0\.25 GiB .* 4 threads' "$dir/dump.log"
@@ -131,12 +134,12 @@ round patched-to-patched patched patched
 # the pages images) and pages images of the same size. (Not byte-identical pages: two stock
 # dumps in a row of the same stopped tree sometimes differ in a few bytes too.)
 mkdir -p "$img/same-stock" "$img/same-patched"
-kill -STOP "$root" "${apps[@]}"
+kill -STOP "$root" "${apps[@]}" "$child"
 check "dump of the stopped tree, stock" \
 	"${stock[@]}" dump -t "$root" -D "$img/same-stock" --leave-running -v4 -o dump.log
 check "dump of the stopped tree, patched" \
 	"${patched[@]}" dump -t "$root" -D "$img/same-patched" --leave-running -v4 -o dump.log
-kill -CONT "$root" "${apps[@]}"
+kill -CONT "$root" "${apps[@]}" "$child"
 same_layout() {
 	local f other n=0
 	for f in "$img/same-stock"/pagemap-*.img "$img/same-stock"/pages-*.img; do

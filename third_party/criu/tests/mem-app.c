@@ -6,19 +6,23 @@
  * index), and on each SIGUSR1 checks every word against the value it must have, then advances
  * the data one step (every word is rewritten) so the next check proves the memory kept changing.
  * On SIGUSR2 it forks a child that checks the data the same way without changing it (after a
- * restore this shows that the memory is inherited by fork as before).
+ * restore this shows that the memory is inherited by fork as before). With --with-child it
+ * first forks a child that only waits (it shares none of the data), so that a restore of this
+ * process also forks a child after its memory is in place.
  * Results go to STATUS, one line per event:
  *   ready pid=P words=W addr=0x...
  *   verified step=S mismatches=M first_bad=I
  *   forked-child step=S mismatches=M
- * Build: gcc -O2 -o mem-app mem-app.c
+ * Build: gcc -O2 -o mem-app mem-app.c;  run: mem-app GIB SEED STATUS [--with-child]
  */
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,8 +92,8 @@ int main(int argc, char **argv)
 	sigset_t set;
 	double gib;
 
-	if (argc != 4) {
-		fprintf(stderr, "usage: %s GIB SEED STATUS\n", argv[0]);
+	if (argc != 4 && !(argc == 5 && !strcmp(argv[4], "--with-child"))) {
+		fprintf(stderr, "usage: %s GIB SEED STATUS [--with-child]\n", argv[0]);
 		return 1;
 	}
 	gib = atof(argv[1]);
@@ -101,6 +105,12 @@ int main(int argc, char **argv)
 	sigaddset(&set, SIGUSR1);
 	sigaddset(&set, SIGUSR2);
 	sigprocmask(SIG_BLOCK, &set, NULL);
+
+	if (argc == 5 && fork() == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		for (;;)
+			pause();
+	}
 
 	d = mmap(NULL, n * 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (d == MAP_FAILED) {
