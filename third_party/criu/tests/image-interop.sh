@@ -93,10 +93,10 @@ data_ok() {
 	for s in a b; do
 		app=${apps[0]}
 		[ $s = b ] && app=${apps[1]}
-		kill -USR1 "$app"
+		kill -USR1 "$app" 2>/dev/null || return 1
 		wait_line "$work/$s.status" "^verified step=$step " || return 1
 		grep -q "^verified step=$step mismatches=0 " "$work/$s.status" || ok=1
-		kill -USR2 "$app"
+		kill -USR2 "$app" 2>/dev/null || return 1
 		wait_line "$work/$s.status" "^forked-child step=$((step + 1)) " || return 1
 		grep -q "^forked-child step=$((step + 1)) mismatches=0" "$work/$s.status" || ok=1
 	done
@@ -134,12 +134,12 @@ round patched-to-patched patched patched
 # the pages images) and pages images of the same size. (Not byte-identical pages: two stock
 # dumps in a row of the same stopped tree sometimes differ in a few bytes too.)
 mkdir -p "$img/same-stock" "$img/same-patched"
-kill -STOP "$root" "${apps[@]}" "$child"
+kill -STOP "$root" "${apps[@]}" "$child" 2>/dev/null || true
 check "dump of the stopped tree, stock" \
 	"${stock[@]}" dump -t "$root" -D "$img/same-stock" --leave-running -v4 -o dump.log
 check "dump of the stopped tree, patched" \
 	"${patched[@]}" dump -t "$root" -D "$img/same-patched" --leave-running -v4 -o dump.log
-kill -CONT "$root" "${apps[@]}" "$child"
+kill -CONT "$root" "${apps[@]}" "$child" 2>/dev/null || true
 same_layout() {
 	local f other n=0
 	for f in "$img/same-stock"/pagemap-*.img "$img/same-stock"/pages-*.img; do

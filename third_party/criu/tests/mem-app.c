@@ -13,6 +13,8 @@
  *   ready pid=P words=W addr=0x...
  *   verified step=S mismatches=M first_bad=I
  *   forked-child step=S mismatches=M
+ * Like a CUDA process it also reserves a large range of address space it never touches (64 GiB,
+ * PROT_NONE): a restore must not charge it as memory.
  * Build: gcc -O2 -o mem-app mem-app.c;  run: mem-app GIB SEED STATUS [--with-child]
  */
 #include <signal.h>
@@ -112,6 +114,10 @@ int main(int argc, char **argv)
 			pause();
 	}
 
+	if (mmap(NULL, 64ULL << 30, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) {
+		status("error mmap of a 64 GiB PROT_NONE reservation failed");
+		return 2;
+	}
 	d = mmap(NULL, n * 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (d == MAP_FAILED) {
 		status("error mmap of %llu bytes failed", (unsigned long long)n * 8);
