@@ -5,7 +5,9 @@
 #   sudo scripts/install.sh [--no-demo] [--no-containers]
 #
 # Installs:
-#   CRIU >= 4.2                       scripts/install-criu.sh, where the system's is older
+#   $PREFIX/sbin/criu                 the project's CRIU (4.2.1 + third_party/criu/patches) and
+#   $PREFIX/lib/criu-gpu/stock/criu   stock 4.2.1, by scripts/install-criu.sh (builds only when
+#                                     they do not match the pinned source; zdtm's needs too)
 #   /usr/local/bin/cuda-checkpoint-ctl
 #   <CRIU plugin dir>/criu_gpu_plugin.so   (/usr/lib/criu, where criu looks by default)
 #   /etc/criu/gpu-plugin.conf          (the plugin's settings, all commented out)

@@ -1,9 +1,18 @@
 #!/bin/bash
-# Set-up, step two: the tests. Formatting, lints, unit tests, and whole-system tests against the
-# simulated GPU with the real CRIU (root needed: CRIU dumps and restores processes).
+# Set-up, step two: the tests. Formatting, lints, unit tests, whole-system tests against the
+# simulated GPU with the real CRIU (root needed: CRIU dumps and restores processes), the tests of
+# the project's CRIU patches, and last CRIU's own test suite (zdtm) without and with the plugin.
 #
-#   sudo scripts/test.sh
+#   sudo scripts/test.sh [--no-zdtm]     # --no-zdtm (or SKIP_ZDTM=1): skip zdtm (~3 min)
 set -euo pipefail
+zdtm=1
+[ "${SKIP_ZDTM:-0}" = 1 ] && zdtm=0
+for a in "$@"; do
+	case $a in
+	--no-zdtm) zdtm=0 ;;
+	*) echo "test.sh: unknown option $a" >&2; exit 2 ;;
+	esac
+done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export PATH="/usr/local/sbin:$PATH"
@@ -29,3 +38,11 @@ if grep -q AMD_KFD_SIM_ROOT target/release/libcriu_gpu_plugin.so; then
 	exit 1
 fi
 echo "ok: target/release/libcriu_gpu_plugin.so has no simulated driver in it"
+step "the project's CRIU patches (stock and patched CRIU)"
+for t in third_party/criu/tests/*.sh; do
+	bash "$t"
+done
+if [ $zdtm = 1 ]; then
+	step "zdtm: CRIU's own tests, without and with the plugin"
+	bash scripts/zdtm.sh target/debug/libcriu_gpu_plugin.so
+fi

@@ -58,6 +58,8 @@ pub enum Op {
     Checkpoint = 2,
     Restore = 3,
     Unlock = 4,
+    /// GetState: the driver's helper thread answers it too (F11).
+    State = 5,
 }
 
 impl Op {
@@ -67,6 +69,7 @@ impl Op {
             2 => Op::Checkpoint,
             3 => Op::Restore,
             4 => Op::Unlock,
+            5 => Op::State,
             _ => return None,
         })
     }
@@ -77,6 +80,7 @@ impl Op {
             Op::Checkpoint => "checkpoint",
             Op::Restore => "restore",
             Op::Unlock => "unlock",
+            Op::State => "state",
         }
     }
 }
@@ -179,21 +183,6 @@ impl ControlBlock {
     }
 
     // ---- controller side ----
-
-    /// The state once no request is pending or running (F4). `gone` says whether the target
-    /// died; then the answer is CUDA_ERROR_OPERATING_SYSTEM, as for a missing process.
-    pub fn settled_state(&self, gone: &dyn Fn() -> bool) -> Result<u32, u32> {
-        loop {
-            let s = self.slot.load(Ordering::SeqCst);
-            if s == slot::FREE || s == slot::DONE {
-                return Ok(self.state());
-            }
-            wait(&self.slot, s, Some(POLL));
-            if gone() {
-                return Err(code::OPERATING_SYSTEM);
-            }
-        }
-    }
 
     /// Posts `req` and waits for the helper's result, however long it takes (the driver sets
     /// no limit); only the target's death (`gone`) ends the wait early, with

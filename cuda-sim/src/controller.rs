@@ -111,8 +111,17 @@ impl Target {
 /// The checkpoint state, once no action is pending or running on the process (F4).
 pub fn state(pid: i32) -> CuResult<u32> {
     let target = Target::open(pid)?;
-    let (_file, page) = target.attach()?;
-    page.block().settled_state(&|| target.gone())
+    let (file, page) = target.attach()?;
+    // The helper thread answers, after the requests before it (F4), and only when it can run
+    // (F11: a stopped process, or its helper thread held by a debugger, gets no answer).
+    let req = Request {
+        op: Op::State,
+        timeout_ms: 0,
+        fault: crate::fault::Fault::None,
+        pairs: Vec::new(),
+    };
+    page.block().call(&file, &req, &|| target.gone())?;
+    Ok(page.block().state())
 }
 
 /// The helper thread's id, as seen from the caller's pid namespace; answered at once (F5).

@@ -1,30 +1,39 @@
 #!/bin/bash
 # Packs what the GPU machine (Ubuntu 24.04, no CRIU, no network) needs into .carry/:
-#   bin/     cuda-checkpoint-ctl, criu (a wrapper) and criu.real
+#   bin/     cuda-checkpoint-ctl; criu and criu-stock (wrappers) with criu.real (the project's
+#            patched CRIU) and criu-stock.real (stock 4.2.1), both from scripts/install-criu.sh
 #   lib/     the shared libraries CRIU needs that Ubuntu 24.04 lacks
 #   plugins/ criu_gpu_plugin.so
 #   upstream-plugins/ CRIU's own cuda_plugin.so (scripts/install-criu.sh builds it)
 # Then on that machine: export PATH=$PWD/.carry/bin:$PATH.
+# Environment: PREFIX (/usr/local), where install-criu.sh installed CRIU.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+PREFIX=${PREFIX:-/usr/local}
 out=$root/.carry
 cd "$root"
+for f in "$PREFIX/sbin/criu" "$PREFIX/lib/criu-gpu/stock/criu" "$PREFIX/lib/criu-gpu/upstream-cuda/cuda_plugin.so"; do
+	[ -e "$f" ] || { echo "pack-carry.sh: $f missing: run scripts/install-criu.sh" >&2; exit 1; }
+done
 cargo build --release -p cuda-checkpoint-ctl -p criu-gpu-plugin
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/plugins" "$out/upstream-plugins"
-cp /usr/local/lib/criu-gpu/upstream-cuda/cuda_plugin.so "$out/upstream-plugins/"
+cp "$PREFIX/lib/criu-gpu/upstream-cuda/cuda_plugin.so" "$out/upstream-plugins/"
 cp target/release/cuda-checkpoint-ctl "$out/bin/"
 cp target/release/libcriu_gpu_plugin.so "$out/plugins/criu_gpu_plugin.so"
-strip "$out/bin/cuda-checkpoint-ctl" "$out/plugins/criu_gpu_plugin.so"
-criu=$(command -v criu || echo /usr/local/sbin/criu)
-cp "$criu" "$out/bin/criu.real"
+cp "$PREFIX/sbin/criu" "$out/bin/criu.real"
+cp "$PREFIX/lib/criu-gpu/stock/criu" "$out/bin/criu-stock.real"
+strip "$out/bin/cuda-checkpoint-ctl" "$out/plugins/criu_gpu_plugin.so" "$out/bin/criu.real" \
+	"$out/bin/criu-stock.real"
 for l in libnftables.so.1 libprotobuf-c.so.1 libnet.so.1 libnftnl.so.11 libxtables.so.12 libjansson.so.4 libmnl.so.0; do
 	cp -L "/lib/x86_64-linux-gnu/$l" "$out/lib/"
 done
-cat >"$out/bin/criu" <<'WRAP'
+for name in criu criu-stock; do
+	cat >"$out/bin/$name" <<WRAP
 #!/bin/bash
 # CRIU with the libraries carried beside it (only for CRIU itself, not for what it restores).
-here=$(cd "$(dirname "$0")" && pwd)
-LD_LIBRARY_PATH="$here/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/criu.real" "$@"
+here=\$(cd "\$(dirname "\$0")" && pwd)
+LD_LIBRARY_PATH="\$here/../lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "\$here/$name.real" "\$@"
 WRAP
-chmod +x "$out/bin/criu"
+	chmod +x "$out/bin/$name"
+done
 du -sh "$out"

@@ -44,6 +44,9 @@ pub trait Machine: Send + Sync + 'static {
     fn kill(&self, pid: i32);
     /// The descendants of `pid` with their start times.
     fn descendants(&self, pid: i32) -> Vec<(i32, u64)>;
+    /// `pid`'s start time if it started no earlier than this process (not an older process
+    /// that happens to have that pid).
+    fn started_since_me(&self, pid: i32) -> Option<u64>;
     /// Where the guardian writes when CRIU is gone: syslog and the image directory's log.
     fn record(&self, level: Level, line: &str);
 }
@@ -285,6 +288,8 @@ pub struct Agent {
     phase: Phase,
     /// Restore: the restored tree as seen so far, killed if CRIU dies before the GPU state is back.
     tree: BTreeSet<(i32, u64)>,
+    /// Restore: pids the restored processes will have.
+    expected: Vec<i32>,
     bye: bool,
     /// The rollback the plugin asked for has reported every process.
     settled: Arc<AtomicBool>,
@@ -312,6 +317,7 @@ impl Agent {
             tracked: BTreeMap::new(),
             phase: Phase::Working,
             tree: BTreeSet::new(),
+            expected: Vec::new(),
             bye: false,
             settled: Arc::new(AtomicBool::new(false)),
         })
@@ -339,7 +345,10 @@ impl Agent {
                 );
                 return;
             }
-            let (order_waiting, criu_gone) = self.wait(Duration::from_millis(100));
+            // Watching a restore, CRIU's new children are looked for often: a restore of a small
+            // tree is done in tens of milliseconds.
+            let tick = if self.stage == Stage::Restore { 20 } else { 100 };
+            let (order_waiting, criu_gone) = self.wait(Duration::from_millis(tick));
             if self.stage == Stage::Restore && self.phase == Phase::Working {
                 self.tree.extend(self.machine.descendants(self.criu_pid));
             }
@@ -493,6 +502,7 @@ impl Agent {
             }
             Order::Commit => self.phase = Phase::Committed,
             Order::Restoring { tree } => self.tree.extend(tree),
+            Order::Expect { pids } => self.expected = pids,
             Order::Restored => self.phase = Phase::Restored,
             Order::Bye => self.bye = true,
         }
@@ -514,6 +524,11 @@ impl Agent {
         let criu = self.criu_pid;
         match (self.stage, self.phase) {
             (Stage::Restore, Phase::Working) => {
+                for &pid in &self.expected {
+                    if let Some(st) = self.machine.started_since_me(pid) {
+                        self.tree.insert((pid, st));
+                    }
+                }
                 let alive: Vec<(i32, u64)> = self
                     .tree
                     .iter()

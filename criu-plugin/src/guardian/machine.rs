@@ -88,6 +88,11 @@ impl Machine for Real {
             .collect()
     }
 
+    fn started_since_me(&self, pid: i32) -> Option<u64> {
+        let mine = process::starttime(std::process::id() as i32)?;
+        process::starttime(pid).filter(|st| *st >= mine)
+    }
+
     fn record(&self, level: Level, line: &str) {
         super::sys::syslog(matches!(level, Level::Error | Level::Warn), line);
         let Some(dir) = &self.image_dir else {

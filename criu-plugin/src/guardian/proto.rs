@@ -31,6 +31,9 @@ pub enum Order {
     Commit,
     /// Restore: these processes are the restored tree (killed if CRIU dies before `Restored`).
     Restoring { tree: Vec<(i32, u64)> },
+    /// Restore: the pids the image's processes will have (when CRIU restores into this pid
+    /// namespace); those that appear after the guardian started are the restored tree too.
+    Expect { pids: Vec<i32> },
     /// Restore: the GPU state of the tree is back; nothing to undo any more.
     Restored,
     /// The plugin's `exit` is done: the guardian ends once nothing is left for it to watch.

@@ -232,6 +232,9 @@ pub fn resume(driver: &Driver, pid: i32, map: &DeviceMap, t: &mut Timings) -> Re
 }
 
 /// Applies `goal` to one process.
+/// How long the state after an operation is waited for (it is only reported).
+const AFTER_WAIT: Duration = Duration::from_secs(2);
+
 pub fn apply(driver: &Driver, pid: i32, goal: &Goal, opts: &Options) -> Outcome {
     let target = Target::new(driver, pid, opts.wait);
     let mut t = Timings::default();
@@ -246,7 +249,10 @@ pub fn apply(driver: &Driver, pid: i32, goal: &Goal, opts: &Options) -> Outcome 
     let after = match &result {
         // The driver is still busy with this process: asking again would wait as long.
         Err(Error::NoAnswer { .. }) => None,
-        _ => target.state().ok(),
+        // Only for the report: a process stopped meanwhile gives no answer (F11), so not long.
+        _ => driver
+            .within(AFTER_WAIT, move |d| d.state(pid))
+            .and_then(|r| r.ok()),
     };
     Outcome {
         pid,

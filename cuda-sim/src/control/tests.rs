@@ -175,11 +175,18 @@ fn f3_a_taken_request_completes_after_its_caller_died() {
     drop(caller);
     assert_eq!(h.join().unwrap()[0].op, Op::Lock, "finished");
     assert_eq!(p.slot(), slot::DONE, "an orphaned result");
-    // F4: the state answers once it is done.
-    assert_eq!(p.block().settled_state(ALIVE), Ok(state::RUNNING));
+    assert_eq!(p.block().state(), state::RUNNING);
 }
 
-/// F4: the state is answered only when no request is pending or running.
+fn get_state(p: &Page, gone: &dyn Fn() -> bool) -> Result<u32, u32> {
+    let req = Request {
+        op: Op::State,
+        ..lock(0)
+    };
+    p.block().call(&p.open(), &req, gone).map(|_| p.block().state())
+}
+
+/// F4, F11: the state is answered by the helper thread, after the request before it.
 #[test]
 fn f4_the_state_waits_for_a_pending_or_running_request() {
     let p = page();
@@ -192,7 +199,7 @@ fn f4_the_state_waits_for_a_pending_or_running_request() {
     }
     let reader = {
         let p = p.clone();
-        std::thread::spawn(move || p.block().settled_state(ALIVE))
+        std::thread::spawn(move || get_state(&p, ALIVE))
     };
     std::thread::sleep(Duration::from_millis(300));
     assert!(
@@ -204,6 +211,9 @@ fn f4_the_state_waits_for_a_pending_or_running_request() {
         let _ = p2.block().next_request(&p2.fd);
         std::thread::sleep(Duration::from_millis(300));
         p2.block().set_state(state::LOCKED);
+        p2.block().complete(0);
+        // Then the state request.
+        let _ = p2.block().next_request(&p2.fd);
         p2.block().complete(0);
     });
     std::thread::sleep(Duration::from_millis(150));
@@ -272,7 +282,7 @@ fn f7_the_targets_death_ends_every_wait() {
         let (p, gone) = (p.clone(), gone.clone());
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
-            p.block().settled_state(&gone)
+            get_state(&p, &gone)
         })
     };
     std::thread::sleep(Duration::from_millis(200));

@@ -67,6 +67,10 @@ impl Runtime {
     }
 
     pub(super) fn perform(&self, req: &Request) -> u32 {
+        if req.op == Op::State {
+            // Answered from the page once this thread gets to it (F11).
+            return code::SUCCESS;
+        }
         match req.fault {
             Fault::Hang => loop {
                 std::thread::park();
@@ -78,6 +82,7 @@ impl Runtime {
             Op::Lock => state::RUNNING,
             Op::Checkpoint | Op::Unlock => state::LOCKED,
             Op::Restore => state::CHECKPOINTED,
+            Op::State => unreachable!("answered above"),
         };
         // F6: an action runs against the state the one before it left; `failed` takes none.
         if self.block().state() != needed {
@@ -100,6 +105,7 @@ impl Runtime {
                 self.block().set_state(state::RUNNING);
                 Ok(())
             }
+            Op::State => Ok(()),
         };
         match (result, req.fault) {
             (Ok(()), Fault::ErrorAfter(c)) => c,

@@ -575,6 +575,11 @@ impl Dump {
                 })
                 .collect(),
             digests: Vec::new(),
+            tree: tree
+                .scanned
+                .iter()
+                .filter_map(|p| self.ctx.procs.ns_pid(*p))
+                .collect(),
         })
     }
 

@@ -27,6 +27,10 @@ pub struct CudaImage {
     /// Digests of the image files, taken when the dump ended (empty when it could not).
     #[serde(default)]
     pub digests: Vec<FileDigest>,
+    /// Every process of the dumped tree, by its pid in its own namespace (a restore into the
+    /// same pid namespace gives them back these pids).
+    #[serde(default)]
+    pub tree: Vec<i32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,16 +1,13 @@
 //! Where a checkpoint's GPU state goes on restore: does this machine have the GPUs (or the ones
-//! the operator maps them to) and the free memory, and the complete map the driver needs. Pure
-//! functions over the record and NVML's inventory.
-//!
-//! The driver (r580) takes a restore map only if it names every GPU it saw at checkpoint time, as
-//! a permutation, even for a process that used one GPU (docs/driver-facts.md): so any move is
-//! completed into such a map, and a machine with fewer GPUs than the checkpoint's cannot take a
-//! moved restore.
+//! the operator maps them to) and the free memory, and the complete map the driver needs (it
+//! takes a map only if it names every GPU it saw at checkpoint time: docs/driver-facts.md, F8).
+//! Pure functions over the record and NVML's inventory.
 
 use std::collections::BTreeMap;
 
 use cuda_checkpoint_ctl::driver::{DeviceMap, GpuUuid, ProcessState};
-use cuda_checkpoint_ctl::inventory::{Gpu, Inventory};
+use cuda_checkpoint_ctl::inventory::{Gpu, GpuUsage, Inventory};
+use cuda_checkpoint_ctl::placement::{place, Request};
 
 use super::image::{CudaImage, ProcessRecord};
 
@@ -81,6 +78,21 @@ impl CudaImage {
         all
     }
 
+    /// What each restored process held where at checkpoint time.
+    fn usage(&self) -> Vec<GpuUsage> {
+        self.processes
+            .iter()
+            .filter(|p| p.initial_state != ProcessState::Checkpointed)
+            .flat_map(|p| {
+                p.gpus.iter().map(|u| GpuUsage {
+                    pid: p.ns_pid,
+                    gpu: u.uuid,
+                    memory: u.memory,
+                })
+            })
+            .collect()
+    }
+
     fn name_of(&self, uuid: GpuUuid) -> &str {
         self.gpus
             .iter()
@@ -89,29 +101,55 @@ impl CudaImage {
     }
 }
 
-/// Decides where each process's GPU state goes, or says why it cannot be restored here.
+/// Decides where the checkpoint's GPU state goes, or says why it cannot be restored here.
+/// `Same` keeps every GPU it used and only checks that they are here with room; a map or `auto`
+/// goes through the placement the CLI uses too (`cuda_checkpoint_ctl::placement`).
 pub fn plan(
     image: &CudaImage,
     here: Option<&Inventory>,
     placement: &GpuPlacement,
 ) -> Result<Plan, String> {
-    let used = image.used();
+    let request = match placement {
+        GpuPlacement::Same => return same(image, here),
+        GpuPlacement::Auto => Request::Auto,
+        GpuPlacement::Map(m) => Request::Pairs(m.clone()),
+    };
+    let usage = image.usage();
+    let placed = match here {
+        Some(here) => place(&image.gpus, &usage, &here.gpus, &request),
+        None if matches!(request, Request::Auto) => {
+            return Err(
+                "CRIU_GPU_DEVICE_MAP=auto needs NVML (libnvidia-ml.so.1) to see this machine's \
+                 GPUs; give an explicit OLD=NEW map instead"
+                    .into(),
+            )
+        }
+        // Without NVML this machine's GPUs are unknown: the operator's pairs go to the driver
+        // as given (it refuses a map that does not name every GPU it saw).
+        None => {
+            return Ok(Plan {
+                map: match request {
+                    Request::Pairs(m) => m,
+                    Request::Auto => DeviceMap::default(),
+                },
+                notes: vec!["NVML is not available: the device map is passed as given".into()],
+            })
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(Plan {
+        map: placed.driver_map(),
+        notes: placed.notes,
+    })
+}
+
+/// The checkpoint's GPUs, where they were: each used one must be here with room.
+fn same(image: &CudaImage, here: Option<&Inventory>) -> Result<Plan, String> {
     let Some(here) = here else {
         // Without NVML nothing can be checked; the driver will refuse what it cannot do.
-        return match placement {
-            GpuPlacement::Auto => Err(
-                "CRIU_GPU_DEVICE_MAP=auto needs NVML (libnvidia-ml.so.1) to see this machine's GPUs; \
-                 give an explicit OLD=NEW map instead"
-                    .into(),
-            ),
-            GpuPlacement::Same => Ok(Plan::default()),
-            GpuPlacement::Map(m) => {
-                let target: BTreeMap<GpuUuid, GpuUuid> =
-                    used.iter().map(|u| (*u, m.target(*u))).collect();
-                complete(image, &target, None)
-            }
-        };
+        return Ok(Plan::default());
     };
+    let used = image.used();
     if used.len() > here.gpus.len() {
         return Err(format!(
             "the checkpoint used {} GPU(s), this machine has {} ({}); restore on a machine with \
@@ -122,126 +160,40 @@ pub fn plan(
             used.len()
         ));
     }
-    let mut target: BTreeMap<GpuUuid, GpuUuid> = BTreeMap::new();
-    for &src in &used {
-        let dst = match placement {
-            GpuPlacement::Same => src,
-            GpuPlacement::Map(m) => m.target(src),
-            GpuPlacement::Auto if here.gpu(src).is_some() => src,
-            GpuPlacement::Auto => {
-                let name = image.name_of(src);
-                let taken: Vec<GpuUuid> = target.values().copied().collect();
-                let mut free: Vec<&Gpu> = here
-                    .gpus
-                    .iter()
-                    .filter(|g| !taken.contains(&g.uuid) && !used.contains(&g.uuid))
-                    .collect();
-                // Same model first, then the most free memory.
-                free.sort_by_key(|g| (g.name != name, std::cmp::Reverse(g.memory_free)));
-                free.first().map(|g| g.uuid).ok_or_else(|| {
-                    format!("no free GPU here to take the checkpoint's GPU {src} ({name})")
-                })?
-            }
-        };
-        if here.gpu(dst).is_none() {
-            return Err(format!(
-                "the checkpoint's GPU {src} ({}) {} is not on this machine (GPUs here: {}); \
-                 restore onto other GPUs with CRIU_GPU_DEVICE_MAP=OLD=NEW[,...] or \
-                 CRIU_GPU_DEVICE_MAP=auto",
-                image.name_of(src),
-                if dst == src {
-                    String::new()
-                } else {
-                    format!("mapped to {dst}")
-                },
-                describe(&here.gpus)
-            ));
-        }
-        if let Some((other, _)) = target.iter().find(|(_, d)| **d == dst) {
-            return Err(format!(
-                "GPUs {other} and {src} of the checkpoint would both go to {dst}: each needs a GPU of its own"
-            ));
-        }
-        target.insert(src, dst);
-    }
-    // Memory: what the restored processes need on each GPU against what is free there.
     let mut need: BTreeMap<GpuUuid, u64> = BTreeMap::new();
-    for p in image
-        .processes
-        .iter()
-        .filter(|p| p.initial_state != ProcessState::Checkpointed)
-    {
-        for u in &p.gpus {
-            *need.entry(target[&u.uuid]).or_default() += u.memory.unwrap_or(0);
-        }
+    for u in image.usage() {
+        *need.entry(u.gpu).or_default() += u.memory.unwrap_or(0);
     }
     let mut notes = Vec::new();
-    for (dst, bytes) in &need {
-        let g = here.gpu(*dst).expect("checked above");
-        if *bytes > g.memory_free {
+    for &gpu in &used {
+        let Some(g) = here.gpu(gpu) else {
             return Err(format!(
-                "GPU {dst} ({}) has {} free but the restored processes need {} on it: stop what \
+                "the checkpoint's GPU {gpu} ({}) is not on this machine (GPUs here: {}); \
+                 restore onto other GPUs with CRIU_GPU_DEVICE_MAP=OLD=NEW[,...] or \
+                 CRIU_GPU_DEVICE_MAP=auto",
+                image.name_of(gpu),
+                describe(&here.gpus)
+            ));
+        };
+        let bytes = need.get(&gpu).copied().unwrap_or(0);
+        if bytes > g.memory_free {
+            return Err(format!(
+                "GPU {gpu} ({}) has {} free but the restored processes need {} on it: stop what \
                  uses it (see nvidia-smi), or restore onto another GPU with CRIU_GPU_DEVICE_MAP",
                 g.name,
                 gib(g.memory_free),
-                gib(*bytes)
+                gib(bytes)
             ));
         }
         notes.push(format!(
-            "GPU {dst}: {} needed, {} free",
-            gib(*bytes),
+            "GPU {gpu}: {} needed, {} free",
+            gib(bytes),
             gib(g.memory_free)
         ));
     }
-    let mut plan = complete(image, &target, Some(here))?;
-    plan.notes = notes;
-    Ok(plan)
-}
-
-/// The full permutation the driver needs when any GPU moves: `target` for the GPUs in use, the
-/// others of the checkpoint where they are when they are free, else on a GPU nothing else takes.
-fn complete(
-    image: &CudaImage,
-    target: &BTreeMap<GpuUuid, GpuUuid>,
-    here: Option<&Inventory>,
-) -> Result<Plan, String> {
-    if target.iter().all(|(old, new)| old == new) {
-        return Ok(Plan::default());
-    }
-    let mut olds: Vec<GpuUuid> = image.gpus.iter().map(|g| g.uuid).collect();
-    olds.extend(target.keys().copied());
-    olds.sort();
-    olds.dedup();
-    let mut map: BTreeMap<GpuUuid, GpuUuid> = target.clone();
-    let mut taken: Vec<GpuUuid> = map.values().copied().collect();
-    let here_gpus: Vec<GpuUuid> = match here {
-        Some(h) => h.gpus.iter().map(|g| g.uuid).collect(),
-        // Without NVML the checkpoint's own GPUs are all that can be assumed.
-        None => olds.clone(),
-    };
-    for old in olds.iter().filter(|o| !target.contains_key(o)) {
-        let new = if here_gpus.contains(old) && !taken.contains(old) {
-            Some(*old)
-        } else {
-            here_gpus.iter().copied().find(|g| !taken.contains(g))
-        };
-        let Some(new) = new else {
-            return Err(format!(
-                "the driver needs every GPU it saw at checkpoint time ({} GPUs) mapped onto a \
-                 GPU of its own here, and this machine has {}; restore on a machine with at \
-                 least {} GPUs",
-                olds.len(),
-                here_gpus.len(),
-                olds.len()
-            ));
-        };
-        taken.push(new);
-        map.insert(*old, new);
-    }
-    let map = DeviceMap::new(map.into_iter().collect()).map_err(|e| format!("device map: {e}"))?;
     Ok(Plan {
-        map,
-        notes: Vec::new(),
+        map: DeviceMap::default(),
+        notes,
     })
 }
 
@@ -291,6 +243,7 @@ mod tests {
                 })
                 .collect(),
             digests: vec![],
+            tree: vec![],
         }
     }
 
@@ -367,11 +320,9 @@ mod tests {
 
     #[test]
     fn two_gpus_onto_one_is_refused() {
-        let img = image(&[(1, 1), (2, 1)]);
-        let here = inv(vec![gpu(1, "H100", 80), gpu(2, "H100", 80)]);
-        let m: DeviceMap = format!("{}={}", uuid(1), uuid(2)).parse().unwrap();
-        let e = plan(&img, Some(&here), &GpuPlacement::Map(m)).unwrap_err();
-        assert!(e.contains("each needs a GPU of its own"), "{e}");
+        let two = format!("{}={},{}={}", uuid(1), uuid(2), uuid(2), uuid(2));
+        let e = two.parse::<GpuPlacement>().unwrap_err();
+        assert!(e.contains("twice on the new side"), "{e}");
     }
 
     #[test]
@@ -384,7 +335,7 @@ mod tests {
         assert!(plan(&img, None, &GpuPlacement::Auto).is_err());
         let m: DeviceMap = format!("{}={}", uuid(1), uuid(5)).parse().unwrap();
         let p = plan(&img, None, &GpuPlacement::Map(m)).unwrap();
-        assert_eq!(p.map.pairs(), &[(uuid(1), uuid(5)), (uuid(2), uuid(2))]);
+        assert_eq!(p.map.pairs(), &[(uuid(1), uuid(5))], "passed as given");
     }
 
     #[test]
@@ -404,7 +355,7 @@ mod tests {
         let m: DeviceMap = format!("{}={}", uuid(1), uuid(7)).parse().unwrap();
         let e = plan(&img, Some(&here), &GpuPlacement::Map(m)).unwrap_err();
         assert!(
-            e.contains("every GPU it saw at checkpoint time (2 GPUs)"),
+            e.contains("the driver needs a GPU here for each") && e.contains("at least 2 GPUs"),
             "{e}"
         );
     }

@@ -107,6 +107,11 @@ impl Restore {
                 reason: reason.to_owned(),
             }));
         }
+        if let Holds::Record(img) = &holds {
+            g.order(&Order::Expect {
+                pids: img.tree.clone(),
+            })?;
+        }
         let seq = g.ask_inventory()?;
         g.wait_all(&[seq], Instant::now() + Duration::from_secs(30), &mut || {})?;
         let inventory = match g.take_inventory(seq) {

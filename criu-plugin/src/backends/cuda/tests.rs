@@ -186,6 +186,9 @@ impl Machine for Fake {
     fn descendants(&self, _pid: i32) -> Vec<(i32, u64)> {
         Vec::new()
     }
+    fn started_since_me(&self, pid: i32) -> Option<u64> {
+        self.m().states.contains_key(&pid).then_some(1)
+    }
     fn record(&self, level: Level, line: &str) {
         self.m().record.push(format!("{level:?}: {line}"));
     }
@@ -590,6 +593,9 @@ impl Machine for NoDriver {
     fn kill(&self, _pid: i32) {}
     fn descendants(&self, _pid: i32) -> Vec<(i32, u64)> {
         Vec::new()
+    }
+    fn started_since_me(&self, _pid: i32) -> Option<u64> {
+        None
     }
     fn record(&self, _level: Level, _line: &str) {}
 }
