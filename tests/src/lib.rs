@@ -358,9 +358,14 @@ impl Sim {
         })
     }
 
+    /// The driver's state of `pid`, or "no answer" when it gives none within 20 s (the driver
+    /// waits as long as the process cannot run: docs/driver-facts.md, F11).
     pub fn state(&self, pid: i32) -> String {
-        let out = self.ctl(&["--get-state", "--pid", &pid.to_string()]);
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        let child = self.ctl_spawn(&["--get-state", "--pid", &pid.to_string()], &[]);
+        match finish_within(child, Duration::from_secs(20)) {
+            Some(out) => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            None => "no answer".into(),
+        }
     }
 
     /// GPUs as NVML sees them: (uuid, used bytes).

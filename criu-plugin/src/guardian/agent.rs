@@ -347,7 +347,11 @@ impl Agent {
             }
             // Watching a restore, CRIU's new children are looked for often: a restore of a small
             // tree is done in tens of milliseconds.
-            let tick = if self.stage == Stage::Restore { 20 } else { 100 };
+            let tick = if self.stage == Stage::Restore {
+                20
+            } else {
+                100
+            };
             let (order_waiting, criu_gone) = self.wait(Duration::from_millis(tick));
             if self.stage == Stage::Restore && self.phase == Phase::Working {
                 self.tree.extend(self.machine.descendants(self.criu_pid));

@@ -183,7 +183,9 @@ fn get_state(p: &Page, gone: &dyn Fn() -> bool) -> Result<u32, u32> {
         op: Op::State,
         ..lock(0)
     };
-    p.block().call(&p.open(), &req, gone).map(|_| p.block().state())
+    p.block()
+        .call(&p.open(), &req, gone)
+        .map(|_| p.block().state())
 }
 
 /// F4, F11: the state is answered by the helper thread, after the request before it.

@@ -115,28 +115,27 @@ pub fn plan(
         GpuPlacement::Map(m) => Request::Pairs(m.clone()),
     };
     let usage = image.usage();
-    let placed = match here {
-        Some(here) => place(&image.gpus, &usage, &here.gpus, &request),
-        None if matches!(request, Request::Auto) => {
-            return Err(
+    let placed =
+        match here {
+            Some(here) => place(&image.gpus, &usage, &here.gpus, &request),
+            None if matches!(request, Request::Auto) => return Err(
                 "CRIU_GPU_DEVICE_MAP=auto needs NVML (libnvidia-ml.so.1) to see this machine's \
                  GPUs; give an explicit OLD=NEW map instead"
                     .into(),
-            )
+            ),
+            // Without NVML this machine's GPUs are unknown: the operator's pairs go to the driver
+            // as given (it refuses a map that does not name every GPU it saw).
+            None => {
+                return Ok(Plan {
+                    map: match request {
+                        Request::Pairs(m) => m,
+                        Request::Auto => DeviceMap::default(),
+                    },
+                    notes: vec!["NVML is not available: the device map is passed as given".into()],
+                })
+            }
         }
-        // Without NVML this machine's GPUs are unknown: the operator's pairs go to the driver
-        // as given (it refuses a map that does not name every GPU it saw).
-        None => {
-            return Ok(Plan {
-                map: match request {
-                    Request::Pairs(m) => m,
-                    Request::Auto => DeviceMap::default(),
-                },
-                notes: vec!["NVML is not available: the device map is passed as given".into()],
-            })
-        }
-    }
-    .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?;
     Ok(Plan {
         map: placed.driver_map(),
         notes: placed.notes,
