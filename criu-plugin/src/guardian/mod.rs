@@ -27,6 +27,9 @@ use rustix::event::{poll, PollFd, PollFlags};
 use self::proto::{Act, Answer, DriverFailure, Level, Order, Outcome, Report};
 use crate::core::Stage;
 
+/// How long the guardian may take to load the driver and say so.
+const HELLO: Duration = Duration::from_secs(30);
+
 #[derive(Debug, thiserror::Error)]
 pub enum GuardianError {
     #[error("cannot start the guardian process: {0}")]
@@ -44,7 +47,8 @@ pub enum GuardianError {
 pub struct Guardian {
     link: OwnedFd,
     pid: i32,
-    driver: Result<DriverInfo, String>,
+    /// The guardian's greeting: the driver it loaded (it loads while CRIU goes on).
+    driver: Option<Result<DriverInfo, String>>,
     next: u64,
     replies: BTreeMap<u64, Result<Answer, DriverFailure>>,
     inventories: BTreeMap<u64, Result<Inventory, String>>,
@@ -65,46 +69,48 @@ impl Guardian {
             }
         })
         .map_err(|e| GuardianError::Spawn(e.to_string()))?;
-        Guardian::connect(link, pid, Duration::from_secs(30))
+        Ok(Guardian::connect(link, pid))
     }
 
-    /// Connects to a guardian already running at the other end of `link` and waits for its
-    /// greeting (the driver it loaded).
-    pub fn connect(link: OwnedFd, pid: i32, within: Duration) -> Result<Guardian, GuardianError> {
-        let mut g = Guardian {
+    /// The plugin's end of a guardian running at the other end of `link`. Orders can be sent at
+    /// once; the guardian takes them once it has loaded the driver.
+    pub fn connect(link: OwnedFd, pid: i32) -> Guardian {
+        Guardian {
             link,
             pid,
-            driver: Err(String::new()),
+            driver: None,
             next: 1,
             replies: BTreeMap::new(),
             inventories: BTreeMap::new(),
             settled: None,
             buf: vec![0u8; proto::MAX_MESSAGE],
-        };
-        let deadline = Instant::now() + within;
-        let mut hello = None;
-        while hello.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(GuardianError::Silent(within));
-            }
-            if let Some(Report::Hello { driver }) =
-                g.next_report(left.min(Duration::from_millis(50)))?
-            {
-                hello = Some(driver);
-            }
         }
-        g.driver = hello.unwrap_or_else(|| Err(String::new()));
-        Ok(g)
     }
 
     pub fn pid(&self) -> i32 {
         self.pid
     }
 
-    /// The driver the guardian loaded, or why it could not.
-    pub fn driver(&self) -> Result<&DriverInfo, &str> {
-        self.driver.as_ref().map_err(String::as_str)
+    /// The driver the guardian loaded, or why it could not (waiting for its greeting).
+    pub fn driver(&mut self) -> Result<Result<&DriverInfo, &str>, GuardianError> {
+        let deadline = Instant::now() + HELLO;
+        while self.driver.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(GuardianError::Silent(HELLO));
+            }
+            self.next_report(left.min(Duration::from_millis(50)))?;
+        }
+        Ok(self.loaded())
+    }
+
+    /// The driver, once the greeting came.
+    pub fn loaded(&self) -> Result<&DriverInfo, &str> {
+        match &self.driver {
+            Some(Ok(d)) => Ok(d),
+            Some(Err(e)) => Err(e),
+            None => Err("the guardian has not said yet"),
+        }
     }
 
     pub fn order(&mut self, o: &Order) -> Result<(), GuardianError> {
@@ -206,7 +212,7 @@ impl Guardian {
             }
             Report::Settled { outcomes } => self.settled = Some(outcomes.clone()),
             Report::Log { level, text } => log(*level, text),
-            Report::Hello { .. } => {}
+            Report::Hello { driver } => self.driver = Some(driver.clone()),
         }
         Ok(Some(report))
     }
@@ -246,6 +252,6 @@ pub fn in_thread(
     let agent = agent::Agent::new(stage, machine, theirs, gone_r, std::process::id() as i32)
         .map_err(spawn)?;
     std::thread::spawn(move || agent.run());
-    let g = Guardian::connect(ours, std::process::id() as i32, Duration::from_secs(30))?;
+    let g = Guardian::connect(ours, std::process::id() as i32);
     Ok((g, Watched { _alive: gone_w }))
 }

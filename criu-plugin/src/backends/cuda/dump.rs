@@ -66,6 +66,9 @@ pub struct Dump {
     phase: Phase,
     /// What each process of the tree maps, read once.
     libs: BTreeMap<i32, Libraries>,
+    /// The tree as `init` found it (root first); CRIU asks for processes forked since one by
+    /// one.
+    tree: Vec<i32>,
 }
 
 /// What the dump knows of its command and machine.
@@ -89,9 +92,8 @@ impl Link {
             Some(g) => g,
             None => {
                 let mut g = host.spawn_guardian(stage)?;
-                if g.driver().is_ok() {
-                    self.inventory = Some(g.ask_inventory()?);
-                }
+                // NVML's view, asked now: it is ready by the time the checkpoint needs it.
+                self.inventory = Some(g.ask_inventory()?);
                 g
             }
         };
@@ -122,6 +124,7 @@ impl Dump {
             required: false,
             phase: Phase::Start,
             libs: BTreeMap::new(),
+            tree: Vec::new(),
         };
         // A record left by an earlier dump into the same directory is not this image's.
         if let Some(dir) = host.image_dir() {
@@ -132,7 +135,10 @@ impl Dump {
         let Some(root) = host.dump_root() else {
             return d;
         };
-        let pids = d.ctx.procs.tree(root);
+        let start = Instant::now();
+        d.tree = d.ctx.procs.tree(root);
+        stats::scanned(0, start.elapsed());
+        let pids = d.tree.clone();
         if d.candidates(&pids).is_empty() {
             return d;
         }
@@ -174,9 +180,15 @@ impl Dump {
         let tree = match &mut self.phase {
             Phase::Start => {
                 // The first call is for the root: the whole tree is paused now.
-                let start = Instant::now();
-                let pids = self.ctx.procs.tree(pid);
-                stats::scanned(0, start.elapsed());
+                let pids = match self.tree.first() {
+                    Some(&root) if root == pid => std::mem::take(&mut self.tree),
+                    _ => {
+                        let start = Instant::now();
+                        let pids = self.ctx.procs.tree(pid);
+                        stats::scanned(0, start.elapsed());
+                        pids
+                    }
+                };
                 let candidates = self.candidates(&pids);
                 self.phase = Phase::Paused(Tree {
                     scanned: pids.iter().copied().collect(),
@@ -224,7 +236,7 @@ impl Dump {
             })
             .collect();
         let g = self.link.get(host, ctx.stage)?;
-        if let Err(reason) = g.driver() {
+        if let Err(reason) = g.driver()? {
             return Err(HookError::gpu(DumpError::NoDriver {
                 processes: all,
                 reason: reason.to_owned(),
@@ -553,7 +565,7 @@ impl Dump {
         let Phase::Paused(tree) = &self.phase else {
             return None;
         };
-        let driver = self.link.guardian.as_ref()?.driver().ok()?.clone();
+        let driver = self.link.guardian.as_ref()?.loaded().ok()?.clone();
         Some(CudaImage {
             driver,
             driver_version: tree.inventory.as_ref().map(|i| i.driver_version.clone()),

@@ -101,7 +101,7 @@ impl Restore {
         if let (Holds::Record(img), Some(dir), true) = (&holds, &dir, host.all_images_present()) {
             r.verify(img, dir)?;
         }
-        if let Err(reason) = g.driver() {
+        if let Err(reason) = g.driver()? {
             return Err(HookError::gpu(RestoreError::NoDriver {
                 what,
                 reason: reason.to_owned(),
