@@ -20,6 +20,9 @@ pub struct Gpu {
     pub memory_total: u64,
     pub memory_used: u64,
     pub memory_free: u64,
+    /// The N of its device node `/dev/nvidiaN` (not always the index), when NVML tells.
+    #[serde(default)]
+    pub minor: Option<u32>,
 }
 
 /// Memory a process holds on one GPU.
@@ -74,7 +77,9 @@ impl Inventory {
                 continue;
             };
             let mem = dev.memory_info().map_err(|e| err(e.to_string()))?;
+            let minor = dev.minor_number().ok();
             inv.gpus.push(Gpu {
+                minor,
                 index,
                 uuid,
                 name: dev.name().unwrap_or_default(),

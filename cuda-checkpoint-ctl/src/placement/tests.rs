@@ -17,6 +17,7 @@ fn gpu(m: u8, n: u8, name: &str, free_gib: u64) -> Gpu {
         memory_total: 80 * GIB,
         memory_used: (80 - free_gib) * GIB,
         memory_free: free_gib * GIB,
+        minor: None,
     }
 }
 

@@ -252,6 +252,18 @@ pub enum RestoreError {
     LazyPages,
     #[error("CUDA process {ns_pid} ({comm}) of the checkpoint is not in the restored tree")]
     NotInTree { ns_pid: i32, comm: String },
+    #[error(
+        "restored {who} cannot reach GPU {gpu}: its root file system has no /dev/nvidia{minor} \
+         (a container restored with the device nodes of the GPUs it had before); give the \
+         container this GPU when restoring it (CDI: nvidia.com/gpu={gpu}, or --device \
+         /dev/nvidia{minor} with /dev/nvidiactl and /dev/nvidia-uvm), or restore onto the GPUs \
+         it has with CRIU_GPU_DEVICE_MAP"
+    )]
+    NoDeviceNode {
+        who: Who,
+        gpu: cuda_checkpoint_ctl::driver::GpuUuid,
+        minor: u32,
+    },
     #[error("restored {0} has no CUDA restore thread: {1}")]
     NoRestoreThread(Who, DriverFailure),
     #[error("restoring CUDA state of {who} failed: {failure}")]

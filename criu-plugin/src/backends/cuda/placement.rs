@@ -43,6 +43,19 @@ pub struct Plan {
     pub map: DeviceMap,
     /// One line per GPU, for the log.
     pub notes: Vec<String>,
+    /// The device node number of each GPU here, where NVML told (for the container check).
+    pub minors: BTreeMap<GpuUuid, u32>,
+}
+
+impl Plan {
+    /// The device nodes a restored process needs: those of the GPUs its state goes to.
+    pub fn nodes_for(&self, p: &ProcessRecord) -> Vec<(GpuUuid, u32)> {
+        p.gpus
+            .iter()
+            .map(|u| self.map.target(u.uuid))
+            .filter_map(|g| Some((g, *self.minors.get(&g)?)))
+            .collect()
+    }
 }
 
 fn gib(b: u64) -> String {
@@ -132,6 +145,7 @@ pub fn plan(
                         Request::Auto => DeviceMap::default(),
                     },
                     notes: vec!["NVML is not available: the device map is passed as given".into()],
+                    minors: BTreeMap::new(),
                 })
             }
         }
@@ -139,7 +153,15 @@ pub fn plan(
     Ok(Plan {
         map: placed.driver_map(),
         notes: placed.notes,
+        minors: here.map(minors).unwrap_or_default(),
     })
+}
+
+fn minors(here: &Inventory) -> BTreeMap<GpuUuid, u32> {
+    here.gpus
+        .iter()
+        .filter_map(|g| Some((g.uuid, g.minor?)))
+        .collect()
 }
 
 /// The checkpoint's GPUs, where they were: each used one must be here with room.
@@ -193,6 +215,7 @@ fn same(image: &CudaImage, here: Option<&Inventory>) -> Result<Plan, String> {
     Ok(Plan {
         map: DeviceMap::default(),
         notes,
+        minors: minors(here),
     })
 }
 
@@ -214,6 +237,7 @@ mod tests {
             memory_total: 80 << 30,
             memory_used: (80 - free_gib) << 30,
             memory_free: free_gib << 30,
+            minor: None,
         }
     }
 

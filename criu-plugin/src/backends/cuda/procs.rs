@@ -17,6 +17,8 @@ pub trait Procs: Send {
     fn held(&self, pid: i32, tid: Option<i32>, criu: i32) -> Option<Held>;
     /// The process's tracer (0: none).
     fn tracer(&self, pid: i32) -> i32;
+    /// Whether `/dev/nvidiaN` exists in the process's root file system (a container's).
+    fn has_gpu_node(&self, pid: i32, minor: u32) -> bool;
     fn kill(&self, pid: i32);
 }
 
@@ -59,6 +61,9 @@ impl Procs for Real {
     }
     fn tracer(&self, pid: i32) -> i32 {
         process::tracer(pid).unwrap_or(0)
+    }
+    fn has_gpu_node(&self, pid: i32, minor: u32) -> bool {
+        std::path::Path::new(&format!("/proc/{pid}/root/dev/nvidia{minor}")).exists()
     }
     fn kill(&self, pid: i32) {
         let _ = nix::sys::signal::kill(

@@ -314,7 +314,20 @@ impl Restore {
             };
             match g.take(*seq) {
                 // (No state query here: it needs the thread to run, and CRIU holds it.)
-                Some(Ok(Answer::Thread(restore_tid))) => threads.push((*pid, restore_tid)),
+                Some(Ok(Answer::Thread(restore_tid))) => {
+                    // The driver opens the GPUs' device nodes inside the process.
+                    let missing = plan
+                        .nodes_for(p)
+                        .into_iter()
+                        .find(|(_, minor)| !procs.has_gpu_node(*pid, *minor));
+                    match missing {
+                        Some((gpu, minor)) => {
+                            let e = RestoreError::NoDeviceNode { who, gpu, minor };
+                            results.insert(*pid, Err(e.to_string()));
+                        }
+                        None => threads.push((*pid, restore_tid)),
+                    }
+                }
                 Some(Err(e)) if upstream && e.not_cuda() => continue,
                 Some(Err(e)) => {
                     results.insert(*pid, Err(RestoreError::NoRestoreThread(who, e).to_string()));

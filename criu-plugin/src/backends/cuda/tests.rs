@@ -159,6 +159,7 @@ impl GpuDriver for Fake {
                 memory_total: 80 << 30,
                 memory_used: (80 << 30) - m.free,
                 memory_free: m.free,
+                minor: Some(0),
             }],
             processes: m
                 .states
@@ -208,6 +209,8 @@ struct TreeState {
     ns: BTreeMap<i32, i32>,
     /// Tracer of every process (CRIU's pid once seized).
     tracer: i32,
+    /// Processes whose root has no /dev/nvidiaN (a container restored with other devices).
+    no_nodes: BTreeSet<i32>,
     killed: Vec<i32>,
 }
 
@@ -236,6 +239,9 @@ impl Procs for Tree {
     }
     fn tracer(&self, _pid: i32) -> i32 {
         self.0.lock().unwrap().tracer
+    }
+    fn has_gpu_node(&self, pid: i32, _minor: u32) -> bool {
+        !self.0.lock().unwrap().no_nodes.contains(&pid)
     }
     fn kill(&self, pid: i32) {
         self.0.lock().unwrap().killed.push(pid);
@@ -774,4 +780,20 @@ fn criu_dying_mid_restore_kills_the_half_restored_tree() {
     wait_for("the tree is killed", || w.gpu.m().dead.contains(&10));
     let rec = w.gpu.m().record.join("\n");
     assert!(rec.contains("in the middle of a restore"), "{rec}");
+}
+
+#[test]
+fn a_restored_container_without_the_gpus_device_node_is_refused_and_killed() {
+    let dir = dumped(&[(10, R)]);
+    let w = restore_world(dir, &[(10, C)]);
+    w.tree.0.lock().unwrap().no_nodes.insert(10);
+    let mut c = w.backend();
+    c.init(&w.host, Stage::Restore, &ours()).unwrap();
+    let e = err_text(&c.resume_devices_late(&w.host, 10));
+    assert!(e.contains("/dev/nvidia0") && e.contains("nvidia.com/gpu="), "{e}");
+    assert_eq!(w.tree.0.lock().unwrap().killed, vec![10]);
+    assert!(
+        !w.gpu.m().calls.iter().any(|c| c.starts_with("Restore")),
+        "nothing asked of the driver"
+    );
 }
