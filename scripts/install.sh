@@ -71,6 +71,16 @@ install -m 0755 target/release/cuda-sim-gpud target/release/cuda-sim-app "$PREFI
 for rt in runc crun; do
 	[ -e "/etc/criu/$rt.conf" ] || install -m 0644 "$root/container-hooks/criu/runc.conf" "/etc/criu/$rt.conf"
 done
+# A distribution's older CRIU reads the same plugin directory: it refuses a plugin with more
+# hooks than it knows ("Corrupted plugin"), and with it every command.
+for c in /usr/sbin/criu /usr/bin/criu; do
+	v=$("$c" --version 2>/dev/null | sed -n 's/^Version: //p') || true
+	if [ -n "$v" ] && [ "$(printf '%s\n%s\n' 4.0 "$v" | sort -V | head -1)" != 4.0 ]; then
+		echo "warning: $c is CRIU $v, older than 4.0: it loads $CRIU_PLUGIN_DIR too and fails" \
+			"on criu_gpu_plugin.so (\"Corrupted plugin\"); remove that package or let it use another" \
+			"directory (CRIU_LIBS_DIR); $PREFIX/sbin/criu is the one to use" >&2
+	fi
+done
 for other in cuda_plugin.so amdgpu_plugin.so; do
 	if [ -e "$CRIU_PLUGIN_DIR/$other" ]; then
 		echo "note: $CRIU_PLUGIN_DIR/$other is installed too; CRIU offers each GPU process to the" \

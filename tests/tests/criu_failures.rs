@@ -403,3 +403,51 @@ fn a_dump_that_leaves_the_tree_stopped_puts_the_gpu_state_back() {
     signal(app.pid, Signal::SIGCONT);
     runs_with_its_data(&sim, &app);
 }
+
+/// Checkpoint spans (start, end) of the simulated driver's trace.
+fn checkpoint_spans(trace: &Path) -> Vec<(u64, u64)> {
+    let field = |l: &str, k: &str| -> u64 {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    read_lines(trace)
+        .iter()
+        .filter(|l| l.contains("op=checkpoint"))
+        .map(|l| (field(l, "start_ns="), field(l, "end_ns=")))
+        .collect()
+}
+
+#[test]
+fn the_processes_of_a_tree_are_checkpointed_at_the_same_time() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let root = sim.app("tree", &["--children", "2", "--mib", "8"]);
+    assert!(wait_until(Duration::from_secs(20), || {
+        (0..2).all(|i| read_lines(&root.log.with_extension(format!("log.gpu{i}"))).len() > 1)
+    }));
+    for (parallel, overlap) in [("1", true), ("0", false)] {
+        let images = sim.dir.join(format!("img-{parallel}"));
+        let trace = sim.dir.join(format!("trace-{parallel}"));
+        let trace_s = trace.display().to_string();
+        let env = [
+            ("CUDA_SIM_FAULT", "checkpoint=delay:600"),
+            ("CUDA_SIM_TRACE", trace_s.as_str()),
+            ("CRIU_GPU_PARALLEL", parallel),
+        ];
+        let out = c.dump(&sim, root.pid, &images, &["--leave-running"], &env);
+        assert_ok(&out, &images, "dump.log");
+        let spans = checkpoint_spans(&trace);
+        assert_eq!(spans.len(), 3, "{spans:?}");
+        let latest_start = spans.iter().map(|s| s.0).max().unwrap();
+        let earliest_end = spans.iter().map(|s| s.1).min().unwrap();
+        assert_eq!(
+            latest_start < earliest_end,
+            overlap,
+            "CRIU_GPU_PARALLEL={parallel}: {spans:?}"
+        );
+    }
+    assert!(root.advances(2));
+    root.assert_healthy();
+}

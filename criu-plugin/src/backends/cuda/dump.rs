@@ -423,6 +423,14 @@ impl Ctx {
             running.len(),
             start.elapsed().as_secs_f64() * 1e3
         );
+        let left = hard.saturating_duration_since(Instant::now());
+        if left < Duration::from_secs(2) {
+            tracing::warn!(
+                "the GPU locks took most of criu's seize time ({} ms left to seize the tree); if \
+                 criu reports \"Timeout reached\", the GPU locks took it: raise criu --timeout",
+                left.as_millis()
+            );
+        }
         Ok(())
     }
 }

@@ -790,7 +790,10 @@ fn a_restored_container_without_the_gpus_device_node_is_refused_and_killed() {
     let mut c = w.backend();
     c.init(&w.host, Stage::Restore, &ours()).unwrap();
     let e = err_text(&c.resume_devices_late(&w.host, 10));
-    assert!(e.contains("/dev/nvidia0") && e.contains("nvidia.com/gpu="), "{e}");
+    assert!(
+        e.contains("/dev/nvidia0") && e.contains("nvidia.com/gpu="),
+        "{e}"
+    );
     assert_eq!(w.tree.0.lock().unwrap().killed, vec![10]);
     assert!(
         !w.gpu.m().calls.iter().any(|c| c.starts_with("Restore")),
