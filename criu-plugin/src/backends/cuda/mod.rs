@@ -42,8 +42,8 @@ pub fn action_limit(settings: &Settings, bytes: Option<u64>) -> Result<Duration,
 
 enum Session {
     Idle,
-    Dump(dump::Dump),
-    Restore(restore::Restore),
+    Dump(Box<dump::Dump>),
+    Restore(Box<restore::Restore>),
 }
 
 /// How the backend sees processes (the machine's /proc, or a test's).
@@ -103,14 +103,13 @@ impl Backend for Cuda {
     fn init(&mut self, host: &dyn Host, stage: Stage, claims: &Claims) -> Result<(), HookError> {
         let settings = (self.settings)();
         self.session = match stage {
-            Stage::Restore => Session::Restore(restore::Restore::init(
-                host,
-                claims,
-                settings,
-                (self.procs)(),
-            )?),
+            Stage::Restore => {
+                let r = restore::Restore::init(host, claims, settings, (self.procs)())?;
+                Session::Restore(Box::new(r))
+            }
             Stage::Dump | Stage::PreDump => {
-                Session::Dump(dump::Dump::start(host, stage, settings, (self.procs)()))
+                let d = dump::Dump::start(host, stage, settings, (self.procs)());
+                Session::Dump(Box::new(d))
             }
         };
         Ok(())

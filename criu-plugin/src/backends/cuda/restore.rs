@@ -34,13 +34,16 @@ enum Holds {
 enum Phase {
     /// The image holds no CUDA state.
     NoCuda,
-    Ready {
-        holds: Holds,
-        plan: Plan,
-        guardian: Guardian,
-    },
+    Ready(Box<Ready>),
     /// After the first RESUME_DEVICES_LATE: each CUDA process's outcome.
     Resumed(BTreeMap<i32, Result<(), String>>),
+}
+
+/// What `init` prepared for the first RESUME_DEVICES_LATE.
+struct Ready {
+    holds: Holds,
+    plan: Plan,
+    guardian: Guardian,
 }
 
 pub struct Restore {
@@ -158,11 +161,11 @@ impl Restore {
             }
             Holds::Upstream => Plan::default(),
         };
-        r.phase = Phase::Ready {
+        r.phase = Phase::Ready(Box::new(Ready {
             holds,
             plan,
             guardian: g,
-        };
+        }));
         Ok(r)
     }
 
@@ -193,11 +196,12 @@ impl Restore {
     pub fn resume(&mut self, host: &dyn Host, pid: i32) -> HookResult {
         match std::mem::replace(&mut self.phase, Phase::NoCuda) {
             Phase::NoCuda => return Ok(Verdict::NotMine),
-            Phase::Ready {
-                holds,
-                plan,
-                mut guardian,
-            } => {
+            Phase::Ready(ready) => {
+                let Ready {
+                    holds,
+                    plan,
+                    mut guardian,
+                } = *ready;
                 // The first call is for the root of the restored tree: all of it now.
                 let results = self.restore_tree(host, pid, &holds, &plan, &mut guardian);
                 if results.values().any(|r| r.is_err()) {
@@ -456,15 +460,14 @@ impl Restore {
     #[cfg(test)]
     pub fn guardian(&mut self) -> Option<&mut Guardian> {
         match &mut self.phase {
-            Phase::Ready { guardian, .. } => Some(guardian),
+            Phase::Ready(ready) => Some(&mut ready.guardian),
             _ => None,
         }
     }
 
     pub fn exit(&mut self) {
-        if let Phase::Ready { mut guardian, .. } = std::mem::replace(&mut self.phase, Phase::NoCuda)
-        {
-            let _ = guardian.order(&Order::Bye);
+        if let Phase::Ready(mut ready) = std::mem::replace(&mut self.phase, Phase::NoCuda) {
+            let _ = ready.guardian.order(&Order::Bye);
         }
     }
 }
