@@ -118,16 +118,7 @@ pub fn describe(dir: &Path) -> Vec<String> {
             ));
         }
     }
-    let mut amd: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    amd.retain(|p| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("amdgpu-kfd-") && n.ends_with(".img"))
-    });
-    amd.sort();
-    for p in amd {
+    for p in amd_images(dir) {
         match amd_kfd::image::ImageReader::open(&p) {
             Ok(r) => out.push(format!(
                 "ROCm process {}: {} GPU(s), {} buffer(s)",

@@ -87,6 +87,20 @@ impl Criu {
         self.command(sim, args, env).output().expect("run criu")
     }
 
+    /// Starts criu in the background, its output in its log file only.
+    fn spawn(
+        &self,
+        sim: &impl Machine,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> std::process::Child {
+        self.command(sim, args, env)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start criu")
+    }
+
     /// `criu dump -t PID -D DIR -v4 -o dump.log [args]`, started in the background.
     pub fn spawn_dump(
         &self,
@@ -109,11 +123,7 @@ impl Criu {
             "dump.log",
         ];
         a.extend_from_slice(args);
-        self.command(sim, &a, env)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start criu dump")
+        self.spawn(sim, &a, env)
     }
 
     /// `criu restore -D DIR -d -v4 -o restore.log`, started in the background.
@@ -132,11 +142,7 @@ impl Criu {
             "-o",
             "restore.log",
         ];
-        self.command(sim, &a, env)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start criu restore")
+        self.spawn(sim, &a, env)
     }
 
     /// `criu dump -t PID -D DIR -v4 -o dump.log [args]`.
