@@ -313,9 +313,9 @@ impl Dump {
                 ProcessState::Running => {}
                 ProcessState::Locked | ProcessState::Checkpointed => tracing::warn!(
                     "CUDA {w} is already {state}: someone else paused it (a CRIU that died, a \
-                     concurrent dump, cuda-checkpoint); it is dumped and restored {state}, not \
-                     resumed. If nobody else is checkpointing it, run `cuda-checkpoint-ctl \
-                     --recover --pid {}` once this dump is done",
+                     concurrent dump, cuda-checkpoint); it is dumped as it is and left {state} \
+                     here (a restore of this image runs it). If nobody else is checkpointing it, \
+                     run `cuda-checkpoint-ctl --recover --pid {}` once this dump is done",
                     w.pid
                 ),
                 other => {

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use cuda_checkpoint_ctl::driver::{DeviceMap, GpuUuid, ProcessState};
+use cuda_checkpoint_ctl::driver::{DeviceMap, GpuUuid};
 use cuda_checkpoint_ctl::inventory::{Gpu, GpuUsage, Inventory};
 use cuda_checkpoint_ctl::placement::{place, Request};
 
@@ -83,7 +83,6 @@ impl CudaImage {
         let mut all: Vec<GpuUuid> = self
             .processes
             .iter()
-            .filter(|p| p.initial_state != ProcessState::Checkpointed)
             .flat_map(|p| self.used_by(p))
             .collect();
         all.sort();
@@ -95,7 +94,6 @@ impl CudaImage {
     fn usage(&self) -> Vec<GpuUsage> {
         self.processes
             .iter()
-            .filter(|p| p.initial_state != ProcessState::Checkpointed)
             .flat_map(|p| {
                 p.gpus.iter().map(|u| GpuUsage {
                     pid: p.ns_pid,
@@ -223,7 +221,7 @@ fn same(image: &CudaImage, here: Option<&Inventory>) -> Result<Plan, String> {
 mod tests {
     use super::*;
     use crate::backends::cuda::image::Usage;
-    use cuda_checkpoint_ctl::driver::DriverInfo;
+    use cuda_checkpoint_ctl::driver::{DriverInfo, ProcessState};
 
     fn uuid(n: u8) -> GpuUuid {
         GpuUuid([n; 16])

@@ -364,15 +364,12 @@ impl Restore {
         let records: BTreeMap<i32, &ProcessRecord> = todo.iter().map(|(p, r)| (*p, r)).collect();
         let mut acts = Vec::new();
         for (pid, _) in &threads {
-            let p = records[pid];
-            if p.initial_state == ProcessState::Checkpointed {
-                // Checkpointed before the dump: it stays so.
-                results.insert(*pid, Ok(()));
-                continue;
-            }
+            // Every process comes back running, also one that someone else had paused when it
+            // was dumped: whoever paused it has no hold on the restored process, and a restore
+            // that reports success leaves nothing paused (CRIU's C plugin does the same).
             let act = Act::Resume {
                 pairs: plan.map.pairs().to_vec(),
-                unlock: p.initial_state == ProcessState::Running,
+                unlock: true,
             };
             match g.act(*pid, act) {
                 Ok(seq) => {
@@ -422,15 +419,14 @@ impl Restore {
                 }
                 .to_string()),
             };
-            if outcome.is_ok() && p.initial_state == ProcessState::Locked {
-                tracing::warn!(
-                    "CUDA {} was locked by someone else when it was dumped, and is restored \
-                     locked: it makes no CUDA progress until `cuda-checkpoint-ctl --recover --pid \
-                     {pid}`",
+            if outcome.is_ok() && p.initial_state != ProcessState::Running {
+                tracing::info!(
+                    "CUDA {} was {} by someone else when it was dumped; it is restored running",
                     Who {
                         pid,
                         comm: p.comm.clone()
-                    }
+                    },
+                    p.initial_state
                 );
             }
             results.insert(pid, outcome);

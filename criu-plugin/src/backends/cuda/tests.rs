@@ -636,21 +636,27 @@ fn restore_world(dir: std::path::PathBuf, procs: &[(i32, ProcessState)]) -> Worl
 
 #[test]
 fn a_restore_brings_back_the_whole_tree_at_once() {
-    let dir = dumped(&[(10, R), (11, L)]);
+    let dir = dumped(&[(10, R), (11, L), (12, C)]);
     // Restored in a new pid namespace: other real pids, the same namespace pids.
-    let w = restore_world(dir, &[(500, C), (501, C)]);
+    let w = restore_world(dir, &[(500, C), (501, C), (502, C)]);
     {
         let mut t = w.tree.0.lock().unwrap();
-        t.ns = [(500, 10), (501, 11), (502, 12)].into_iter().collect();
-        t.pids.push(502);
+        t.ns = [(500, 10), (501, 11), (502, 12), (503, 13)]
+            .into_iter()
+            .collect();
+        t.pids.push(503);
     }
     let mut c = w.backend();
     c.init(&w.host, Stage::Restore, &ours()).unwrap();
-    assert_eq!(c.resume_devices_late(&w.host, 500), Ok(Verdict::Done(())));
-    assert_eq!(c.resume_devices_late(&w.host, 501), Ok(Verdict::Done(())));
-    assert_eq!(c.resume_devices_late(&w.host, 502), Ok(Verdict::NotMine));
-    assert_eq!(w.gpu.state(500), R);
-    assert_eq!(w.gpu.state(501), L, "it was locked before the dump");
+    for pid in [500, 501, 502] {
+        assert_eq!(c.resume_devices_late(&w.host, pid), Ok(Verdict::Done(())));
+    }
+    assert_eq!(c.resume_devices_late(&w.host, 503), Ok(Verdict::NotMine));
+    // Also the ones someone else had locked or checkpointed before the dump: nothing is left
+    // paused by a restore that succeeds.
+    for pid in [500, 501, 502] {
+        assert_eq!(w.gpu.state(pid), R, "process {pid}");
+    }
     assert!(w.tree.0.lock().unwrap().killed.is_empty());
 }
 
