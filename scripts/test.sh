@@ -44,5 +44,5 @@ for t in third_party/criu/tests/*.sh; do
 done
 if [ $zdtm = 1 ]; then
 	step "zdtm: CRIU's own tests, without and with the plugin"
-	bash scripts/zdtm.sh target/debug/libcriu_gpu_plugin.so
+	bash scripts/zdtm.sh "$root/target/debug/libcriu_gpu_plugin.so"
 fi

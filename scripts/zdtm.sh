@@ -27,6 +27,9 @@ WORK=${WORK:-/opt/criu-build}
 tree=$WORK/patched/criu-4.2.1
 RESULTS=${RESULTS:-/tmp/zdtm-sh}
 plugin=${1:-$root/target/debug/libcriu_gpu_plugin.so}
+# The runs below work in CRIU's tree: a relative path must not be read from there.
+[ -f "$plugin" ] || { echo "zdtm.sh: no plugin at $plugin (build it: cargo build -p criu-gpu-plugin)" >&2; exit 1; }
+plugin=$(realpath "$plugin")
 SIM=${SIM:-/usr/local/lib/criu-gpu/sim}
 
 # test, flavour, extra zdtm options. Flavours: h = host, ns = in fresh namespaces (pid, mount,
@@ -79,29 +82,44 @@ make -s -C zdtm/lib >/dev/null || die "building zdtm's test library failed (make
 
 key() { echo "$1" | tr ' /:' '_+-'; } # a file name for a subset line
 
-# run_pass NAME: runs the subset; writes "KEY RESULT" lines to $RESULTS/NAME.results.
+# run_one LINE OUT: one zdtm run of a subset line; prints PASS, SKIP, TIMEOUT or FAIL.
+run_one() {
+	local test flavour rest rc=0
+	read -r test flavour rest <<<"$1"
+	# shellcheck disable=SC2086 # $rest holds separate zdtm options
+	timeout 300 ./zdtm.py run -t "zdtm/$test" -f "$flavour" $rest --keep-img always \
+		>"$2" 2>&1 || rc=$?
+	if [ $rc = 0 ] && grep -q "Test zdtm/$test PASS" "$2"; then
+		echo PASS
+	elif [ $rc = 0 ]; then
+		echo SKIP
+	elif [ $rc = 124 ]; then
+		echo TIMEOUT
+	else
+		echo FAIL
+	fi
+}
+
+# run_pass NAME: runs the subset; writes "KEY RESULT" lines to $RESULTS/NAME.results. A run
+# that fails is tried twice more: some zdtm tests are racy by design (transition/thread-bomb
+# without the freezer fails now and then with or without plugins, CRIU giving up on threads that
+# keep appearing), and what is compared is whether a test can pass. A failure the plugin causes
+# fails every try.
 run_pass() {
-	local name=$1 line test flavour rest out rc result started
+	local name=$1 line out result try started
 	mkdir -p "$RESULTS/$name"
 	: >"$RESULTS/$name.results"
 	rm -rf dump
 	started=$SECONDS
 	for line in "${SUBSET[@]}"; do
-		read -r test flavour rest <<<"$line"
 		out=$RESULTS/$name/$(key "$line").log
-		rc=0
-		# shellcheck disable=SC2086 # $rest holds separate zdtm options
-		timeout 300 ./zdtm.py run -t "zdtm/$test" -f "$flavour" $rest --keep-img always \
-			>"$out" 2>&1 || rc=$?
-		if [ $rc = 0 ] && grep -q "Test zdtm/$test PASS" "$out"; then
-			result=PASS
-		elif [ $rc = 0 ]; then
-			result=SKIP
-		elif [ $rc = 124 ]; then
-			result=TIMEOUT
-		else
-			result=FAIL
-		fi
+		result=$(run_one "$line" "$out")
+		for try in 2 3; do
+			case $result in FAIL | TIMEOUT) ;; *) break ;; esac
+			mv "$out" "${out%.log}.try$((try - 1)).log"
+			result=$(run_one "$line" "$out")
+			[ "$result" != PASS ] || echo "  (passed on try $try: $line)"
+		done
 		printf '%s %s\n' "$(key "$line")" "$result" >>"$RESULTS/$name.results"
 		printf '  %-7s %s\n' "$result" "$line"
 	done
