@@ -83,18 +83,20 @@ impl Criu {
         c
     }
 
-    fn run(&self, sim: &impl Machine, args: &[&str], env: &[(&str, &str)]) -> Output {
-        self.command(sim, args, env).output().expect("run criu")
+    fn run(&self, sim: &impl Machine, args: &[String], env: &[(&str, &str)]) -> Output {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.command(sim, &args, env).output().expect("run criu")
     }
 
     /// Starts criu in the background, its output in its log file only.
     fn spawn(
         &self,
         sim: &impl Machine,
-        args: &[&str],
+        args: &[String],
         env: &[(&str, &str)],
     ) -> std::process::Child {
-        self.command(sim, args, env)
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.command(sim, &args, env)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -110,20 +112,7 @@ impl Criu {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> std::process::Child {
-        fs::create_dir_all(dir).unwrap();
-        let pid = pid.to_string();
-        let mut a = vec![
-            "dump",
-            "-t",
-            &pid,
-            "-D",
-            dir.to_str().unwrap(),
-            "-v4",
-            "-o",
-            "dump.log",
-        ];
-        a.extend_from_slice(args);
-        self.spawn(sim, &a, env)
+        self.spawn(sim, &dump_args("dump", pid, dir, args), env)
     }
 
     /// `criu restore -D DIR -d -v4 -o restore.log`, started in the background.
@@ -133,16 +122,7 @@ impl Criu {
         dir: &Path,
         env: &[(&str, &str)],
     ) -> std::process::Child {
-        let a = [
-            "restore",
-            "-D",
-            dir.to_str().unwrap(),
-            "-d",
-            "-v4",
-            "-o",
-            "restore.log",
-        ];
-        self.spawn(sim, &a, env)
+        self.spawn(sim, &restore_args(dir, &[]), env)
     }
 
     /// `criu dump -t PID -D DIR -v4 -o dump.log [args]`.
@@ -154,38 +134,12 @@ impl Criu {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Output {
-        self.dump_action(sim, "dump", pid, dir, args, env)
+        self.run(sim, &dump_args("dump", pid, dir, args), env)
     }
 
     /// `criu pre-dump -t PID -D DIR -v4 -o pre-dump.log`.
     pub fn pre_dump(&self, sim: &impl Machine, pid: i32, dir: &Path) -> Output {
-        self.dump_action(sim, "pre-dump", pid, dir, &[], &[])
-    }
-
-    fn dump_action(
-        &self,
-        sim: &impl Machine,
-        action: &str,
-        pid: i32,
-        dir: &Path,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Output {
-        fs::create_dir_all(dir).unwrap();
-        let pid = pid.to_string();
-        let log = format!("{action}.log");
-        let mut a = vec![
-            action,
-            "-t",
-            &pid,
-            "-D",
-            dir.to_str().unwrap(),
-            "-v4",
-            "-o",
-            &log,
-        ];
-        a.extend_from_slice(args);
-        self.run(sim, &a, env)
+        self.run(sim, &dump_args("pre-dump", pid, dir, &[]), &[])
     }
 
     /// `criu restore -D DIR -d -v4 -o restore.log [args]`.
@@ -196,18 +150,42 @@ impl Criu {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Output {
-        let mut a = vec![
-            "restore",
-            "-D",
-            dir.to_str().unwrap(),
-            "-d",
-            "-v4",
-            "-o",
-            "restore.log",
-        ];
-        a.extend_from_slice(args);
-        self.run(sim, &a, env)
+        self.run(sim, &restore_args(dir, args), env)
     }
+}
+
+/// `criu ACTION -t PID -D DIR -v4 -o ACTION.log [args]`, creating DIR.
+fn dump_args(action: &str, pid: i32, dir: &Path, args: &[&str]) -> Vec<String> {
+    fs::create_dir_all(dir).unwrap();
+    let mut a: Vec<String> = vec![
+        action.into(),
+        "-t".into(),
+        pid.to_string(),
+        "-D".into(),
+        dir.to_str().unwrap().into(),
+        "-v4".into(),
+        "-o".into(),
+        format!("{action}.log"),
+    ];
+    a.extend(args.iter().map(|s| s.to_string()));
+    a
+}
+
+/// `criu restore -D DIR -d -v4 -o restore.log [args]`.
+fn restore_args(dir: &Path, args: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "restore",
+        "-D",
+        dir.to_str().unwrap(),
+        "-d",
+        "-v4",
+        "-o",
+        "restore.log",
+    ]
+    .map(String::from)
+    .to_vec();
+    a.extend(args.iter().map(|s| s.to_string()));
+    a
 }
 
 /// A CRIU log of an image directory.
