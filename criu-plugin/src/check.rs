@@ -90,48 +90,6 @@ impl Inventory for NoInventory {
     }
 }
 
-/// What a checkpoint holds for the GPUs, one line each.
-pub fn describe(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Ok(Some(img)) =
-        record::read::<cuda::CudaImage>(dir, cuda::RECORD, cuda::FORMAT, cuda::VERSION)
-    {
-        for p in &img.processes {
-            let gpus: Vec<String> = p
-                .gpus
-                .iter()
-                .map(|u| match u.memory {
-                    Some(m) => format!("{} ({:.2} GiB)", u.uuid, m as f64 / (1u64 << 30) as f64),
-                    None => u.uuid.to_string(),
-                })
-                .collect();
-            out.push(format!(
-                "CUDA process {} ({}), {}: {}",
-                p.ns_pid,
-                p.comm,
-                p.initial_state,
-                if gpus.is_empty() {
-                    "GPUs not recorded".into()
-                } else {
-                    gpus.join(", ")
-                }
-            ));
-        }
-    }
-    for p in amd_images(dir) {
-        match amd_kfd::image::ImageReader::open(&p) {
-            Ok(r) => out.push(format!(
-                "ROCm process {}: {} GPU(s), {} buffer(s)",
-                r.meta.pid,
-                r.meta.devices.len(),
-                r.meta.bos.len()
-            )),
-            Err(e) => out.push(format!("{e}")),
-        }
-    }
-    out
-}
-
 /// Runs the restore checks of every backend against the image directory `dir`; `complete`: it
 /// holds every image file (not the few taken out of an archive), so their digests are checked.
 pub fn check(dir: &Path, complete: bool) -> Result<(), HookError> {

@@ -58,6 +58,19 @@ fn plan(kubelet: &Kubelet, o: &Options, s: &mut Summary) -> Result<Plan, NodeErr
     Ok(Plan { pods, targets })
 }
 
+/// `--dry-run`: the kubelet calls a checkpoint of the plan would make.
+fn would_checkpoint(plan: &Plan, o: &Options, s: &mut Summary) {
+    for t in &plan.targets {
+        s.step(
+            format!(
+                "would POST /checkpoint/{}/{}/{}",
+                t.namespace, t.pod, t.container
+            ),
+            o.json,
+        );
+    }
+}
+
 fn pod_of<'a>(pods: &'a [Value], ns: &str, name: &str) -> Option<&'a Value> {
     pods.iter()
         .find(|p| pods::ns_name(p) == (ns.to_owned(), name.to_owned()))
@@ -70,15 +83,7 @@ pub fn checkpoint(o: &Options) -> (Summary, Result<(), NodeError>) {
         let kubelet = o.access.kubelet()?;
         let plan = plan(&kubelet, o, &mut s)?;
         if o.dry_run {
-            for t in &plan.targets {
-                s.step(
-                    format!(
-                        "would POST /checkpoint/{}/{}/{}",
-                        t.namespace, t.pod, t.container
-                    ),
-                    o.json,
-                );
-            }
+            would_checkpoint(&plan, o, &mut s);
             return Ok(());
         }
         let owners = owners_from_metadata(&plan);
@@ -455,15 +460,7 @@ fn dry_run(
     let plan = plan(kubelet, o, s)?;
     let controllers = controllers_of(api, &plan)?;
     refusals(o, api, node, &plan, &controllers)?;
-    for t in &plan.targets {
-        s.step(
-            format!(
-                "would POST /checkpoint/{}/{}/{}",
-                t.namespace, t.pod, t.container
-            ),
-            o.json,
-        );
-    }
+    would_checkpoint(&plan, o, s);
     for c in controllers.values() {
         s.step(
             format!(
