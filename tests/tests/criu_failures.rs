@@ -3,7 +3,7 @@
 //! locked together. Each ends with the application running with its data (or the images
 //! restoring on a retry), whatever killed CRIU.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,29 @@ fn runs_with_its_data(sim: &Sim, app: &App) {
     );
     assert!(app.advances(3), "{}", app.tail());
     app.assert_healthy();
+}
+
+/// A simulated GPU, CRIU with the plugin, and an application holding `mib` MiB of device data,
+/// dumped into the returned image directory (the application is gone).
+fn dumped(mib: &str) -> (Sim, Criu, App, PathBuf) {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let app = sim.app("app", &["--mib", mib]);
+    let images = sim.dir.join("img");
+    assert_ok(
+        &c.dump(&sim, app.pid, &images, &[], &[]),
+        &images,
+        "dump.log",
+    );
+    wait_gone(app.pid);
+    (sim, c, app, images)
+}
+
+/// A plain restore succeeds, and the application runs on with every word of its data.
+fn restores_with_its_data(sim: &mut Sim, c: &Criu, app: &App, images: &Path) {
+    assert_ok(&c.restore(sim, images, &[], &[]), images, "restore.log");
+    sim.adopt(app.pid);
+    runs_with_its_data(sim, app);
 }
 
 fn kill_dump_at(pattern: &str, delay: Duration, sig: Signal, app_args: &[&str]) {
@@ -139,16 +162,7 @@ fn a_failing_post_dump_script_leaves_nothing_checkpointed() {
 
 #[test]
 fn criu_killed_mid_restore_leaves_no_half_restored_tree_and_the_images_restore() {
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    let app = sim.app("app", &["--mib", "32"]);
-    let images = sim.dir.join("img");
-    assert_ok(
-        &c.dump(&sim, app.pid, &images, &[], &[]),
-        &images,
-        "dump.log",
-    );
-    wait_gone(app.pid);
+    let (mut sim, c, app, images) = dumped("32");
     // After the memory is restored, before the GPU state is: CRIU dies.
     let script = action_script(&sim.dir, "none", "post-restore");
     let out = c.restore(&sim, &images, &["--action-script", &script], &[]);
@@ -156,16 +170,14 @@ fn criu_killed_mid_restore_leaves_no_half_restored_tree_and_the_images_restore()
     let rec = guardian_log(&images, "half-restored");
     assert!(rec.contains("restore again"), "{rec}");
     wait_gone(app.pid);
-    assert_ok(&c.restore(&sim, &images, &[], &[]), &images, "restore.log");
-    sim.adopt(app.pid);
-    runs_with_its_data(&sim, &app);
+    restores_with_its_data(&mut sim, &c, &app, &images);
 }
 
 #[test]
 fn busy_processes_are_locked_together_within_criu_timeout() {
     // Two processes whose kernels take 2 s: one lock after the other needs up to 4 s, which
-    // criu --timeout 4 does not leave after its own seizing; locked together they take 2 s
-    // (the margin is for a loaded 2-CPU CI machine running the other tests at the same time).
+    // criu --timeout 4 does not leave after its own seizing; locked together they take 2 s.
+    // The simulated driver's trace shows whether the two locks were pending at the same time.
     let mut sim = Sim::start();
     let c = Criu::new(&sim);
     let root = sim.app(
@@ -182,28 +194,29 @@ fn busy_processes_are_locked_together_within_criu_timeout() {
         ],
     );
     let images = sim.dir.join("img");
-    let out = c.dump(&sim, root.pid, &images, &["--timeout", "4"], &[]);
+    let trace = sim.dir.join("trace");
+    let trace_s = trace.display().to_string();
+    let env = [("CUDA_SIM_TRACE", trace_s.as_str())];
+    let out = c.dump(&sim, root.pid, &images, &["--timeout", "4"], &env);
     assert_ok(&out, &images, "dump.log");
     let log = plugin_lines(&images, "dump.log").join("\n");
     assert!(log.contains("locked 2 CUDA process(es) at once"), "{log}");
+    let locks = action_spans(&trace, "lock");
+    assert_eq!(locks.len(), 2, "{locks:?}");
     assert!(
-        !criu::log(&images, "dump.log").contains("Timeout reached"),
+        locks.iter().map(|l| l.0).max() < locks.iter().map(|l| l.1).min(),
+        "the two locks did not overlap: {locks:?}"
+    );
+    // CRIU's own words when its seize alarm fires (the plugin's warning quotes part of them).
+    assert!(
+        !criu::log(&images, "dump.log").contains("Timeout reached. Try to interrupt"),
         "the locks fit in CRIU's seize time"
     );
 }
 
 #[test]
 fn damaged_or_truncated_pages_are_refused_with_the_file_name_and_a_good_copy_restores() {
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    let app = sim.app("app", &["--mib", "16"]);
-    let images = sim.dir.join("img");
-    assert_ok(
-        &c.dump(&sim, app.pid, &images, &[], &[]),
-        &images,
-        "dump.log",
-    );
-    wait_gone(app.pid);
+    let (mut sim, c, app, images) = dumped("16");
     let pages = std::fs::read_dir(&images)
         .unwrap()
         .flatten()
@@ -241,9 +254,7 @@ fn damaged_or_truncated_pages_are_refused_with_the_file_name_and_a_good_copy_res
     );
 
     std::fs::write(&pages, &good).unwrap();
-    assert_ok(&c.restore(&sim, &images, &[], &[]), &images, "restore.log");
-    sim.adopt(app.pid);
-    runs_with_its_data(&sim, &app);
+    restores_with_its_data(&mut sim, &c, &app, &images);
 }
 
 #[test]
@@ -284,16 +295,7 @@ fn a_leftover_record_in_a_reused_directory_does_not_break_a_later_dump() {
 
 #[test]
 fn a_restore_without_a_gpu_is_refused_before_anything_starts() {
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    let app = sim.app("app", &["--mib", "8"]);
-    let images = sim.dir.join("img");
-    assert_ok(
-        &c.dump(&sim, app.pid, &images, &[], &[]),
-        &images,
-        "dump.log",
-    );
-    wait_gone(app.pid);
+    let (mut sim, c, app, images) = dumped("8");
     // The driver library loads, but the GPUs are gone: NVML says the driver is not loaded.
     sim.stop_gpus();
     let out = c.restore(&sim, &images, &[], &[]);
@@ -356,16 +358,7 @@ fn settings_are_checked_where_they_matter() {
 fn a_restore_that_leaves_the_tree_stopped_restores_the_gpu_state_first() {
     // `criu restore --leave-stopped` queues SIGSTOP for the tasks before the GPU state is back;
     // the driver's thread must not stop on it, or the restore waits for ever.
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    let app = sim.app("app", &["--mib", "16"]);
-    let images = sim.dir.join("img");
-    assert_ok(
-        &c.dump(&sim, app.pid, &images, &[], &[]),
-        &images,
-        "dump.log",
-    );
-    wait_gone(app.pid);
+    let (mut sim, c, app, images) = dumped("16");
     let start = Instant::now();
     let out = c.restore(&sim, &images, &["--leave-stopped"], &[]);
     assert_ok(&out, &images, "restore.log");
@@ -405,8 +398,8 @@ fn a_dump_that_leaves_the_tree_stopped_puts_the_gpu_state_back() {
     runs_with_its_data(&sim, &app);
 }
 
-/// Checkpoint spans (start, end) of the simulated driver's trace.
-fn checkpoint_spans(trace: &Path) -> Vec<(u64, u64)> {
+/// (start, end) of each `op` action in the simulated driver's trace.
+fn action_spans(trace: &Path, op: &str) -> Vec<(u64, u64)> {
     let field = |l: &str, k: &str| -> u64 {
         l.split_whitespace()
             .find_map(|w| w.strip_prefix(k))
@@ -415,7 +408,7 @@ fn checkpoint_spans(trace: &Path) -> Vec<(u64, u64)> {
     };
     read_lines(trace)
         .iter()
-        .filter(|l| l.contains("op=checkpoint"))
+        .filter(|l| l.contains(&format!("op={op} ")))
         .map(|l| (field(l, "start_ns="), field(l, "end_ns=")))
         .collect()
 }
@@ -439,7 +432,7 @@ fn the_processes_of_a_tree_are_checkpointed_at_the_same_time() {
         ];
         let out = c.dump(&sim, root.pid, &images, &["--leave-running"], &env);
         assert_ok(&out, &images, "dump.log");
-        let spans = checkpoint_spans(&trace);
+        let spans = action_spans(&trace, "checkpoint");
         assert_eq!(spans.len(), 3, "{spans:?}");
         let latest_start = spans.iter().map(|s| s.0).max().unwrap();
         let earliest_end = spans.iter().map(|s| s.1).min().unwrap();

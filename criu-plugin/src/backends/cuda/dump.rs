@@ -419,8 +419,13 @@ impl Ctx {
             return Err(HookError::gpu(DumpError::Locks { failures }));
         }
         tracing::info!(
-            "locked {} CUDA process(es) at once in {:.1} ms",
+            "locked {} CUDA process(es) {} in {:.1} ms",
             running.len(),
+            if parallel {
+                "at once"
+            } else {
+                "one after another (CRIU_GPU_PARALLEL=0)"
+            },
             start.elapsed().as_secs_f64() * 1e3
         );
         let left = hard.saturating_duration_since(Instant::now());
