@@ -4,7 +4,7 @@
 #
 #   scripts/bench-digest.sh [GIB] [DIR]          defaults: 8, /dev/shm/bench-digest
 #
-# DIGEST: the digest example (cargo build --release -p criu-gpu-plugin --example digest).
+# DIGEST: the digest example (cargo build --release -p criu-gpu-image --example digest).
 set -euo pipefail
 GIB=${1:-8}
 DIR=${2:-/dev/shm/bench-digest}

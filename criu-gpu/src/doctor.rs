@@ -363,13 +363,13 @@ fn runtimes() -> Vec<Finding> {
             v.lines().next().unwrap_or("containerd").to_owned(),
         ));
     }
-    f.push(if Path::new(criu_gpu_plugin::core::settings::CONFIG_FILE).exists() {
-        ok("settings", format!("{} (read by every criu the runtimes start)", criu_gpu_plugin::core::settings::CONFIG_FILE))
+    f.push(if Path::new(criu_gpu_image::settings::CONFIG_FILE).exists() {
+        ok("settings", format!("{} (read by every criu the runtimes start)", criu_gpu_image::settings::CONFIG_FILE))
     } else {
         problem(
             "settings",
             Status::Warn,
-            format!("no {}: runtimes start criu without your environment, so CRIU_GPU_* settings cannot reach the plugin", criu_gpu_plugin::core::settings::CONFIG_FILE),
+            format!("no {}: runtimes start criu without your environment, so CRIU_GPU_* settings cannot reach the plugin", criu_gpu_image::settings::CONFIG_FILE),
             "install container-hooks/gpu-plugin.conf there (scripts/install.sh does)",
         )
     });

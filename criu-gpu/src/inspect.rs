@@ -1,10 +1,10 @@
 //! `criu-gpu check` and `criu-gpu inspect`: what a checkpoint holds and whether this node can
-//! restore it, from the plugin's own restore checks run outside CRIU.
+//! restore it, from the plugin's own restore checks (the image crate's) run outside CRIU.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use criu_gpu_plugin::check::{self, Inspection};
+use criu_gpu_image::inspect::Inspection;
 use serde::Serialize;
 
 use crate::archive::{Checkpoint, FileEntry, Format};
@@ -21,9 +21,9 @@ pub struct Verdict {
 
 /// Runs the restore checks (driver, GPUs, free memory, image integrity) against `c`.
 pub fn verdict(c: &Checkpoint) -> Verdict {
-    criu_gpu_plugin::core::settings::export_file_settings();
-    match check::check(&c.images, c.complete()) {
-        Ok(()) => Verdict {
+    criu_gpu_image::settings::export_file_settings();
+    match criu_gpu_image::node::check(&c.images, c.complete()) {
+        Ok(_) => Verdict {
             can_restore: true,
             reason: None,
         },
@@ -135,7 +135,7 @@ pub fn report(path: &Path, c: &Checkpoint) -> Report {
         },
         other_files: c.other_files.clone(),
         annotations: c.annotations.clone(),
-        gpu: check::inspect(&c.images),
+        gpu: criu_gpu_image::inspect::inspect(&c.images),
         this_node: verdict(c),
     }
 }

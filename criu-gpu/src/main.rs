@@ -139,7 +139,7 @@ fn run(command: Command, json: bool) -> Result<u8, Error> {
 
 fn check(path: &Path, json: bool) -> Result<u8, Error> {
     let c = Checkpoint::open(path)?;
-    let gpu = criu_gpu_plugin::check::inspect(&c.images);
+    let gpu = criu_gpu_image::inspect::inspect(&c.images);
     let held = inspect::gpu_lines(&gpu);
     let (code, verdict) = if held.is_empty() {
         (0, None)

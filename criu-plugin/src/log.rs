@@ -1,5 +1,5 @@
 //! Routes `tracing` events into CRIU's log, at CRIU's verbosity, prefixed with the plugin's name.
-//! Outside CRIU (tests, tools) the lines go to stderr instead.
+//! The C edge installs the writer ([`init`]); without one (tests, tools) lines go to stderr.
 //!
 //! CRIU's log buffer is not thread-safe: a line logged on any other thread than CRIU's (the one
 //! that loaded the plugin) is queued and written by CRIU's thread at its next line. In a guardian
@@ -14,16 +14,29 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
 
-use crate::abi::criu;
-use crate::core::NAME;
+/// CRIU's log levels (criu/include/log.h), which the writer receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CriuLevel {
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+}
 
-struct CriuLog;
+/// Writes one line into CRIU's log; `false` when there is no CRIU to write to.
+pub type Writer = fn(CriuLevel, &str) -> bool;
+
+struct CriuLog {
+    prefix: &'static str,
+}
+
+static WRITER: std::sync::OnceLock<Writer> = std::sync::OnceLock::new();
 
 /// CRIU's thread: the one that initialised the plugin (its tid equals the pid of that
 /// process: CRIU's main thread).
 static CRIU_THREAD: AtomicI32 = AtomicI32::new(0);
 static IN_GUARDIAN: AtomicBool = AtomicBool::new(false);
-static QUEUED: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
+static QUEUED: Mutex<Vec<(CriuLevel, String)>> = Mutex::new(Vec::new());
 
 fn this_thread() -> i32 {
     rustix::thread::gettid().as_raw_nonzero().get()
@@ -41,8 +54,8 @@ pub fn enter_guardian() {
     IN_GUARDIAN.store(true, Ordering::SeqCst);
 }
 
-fn write_line(level: u32, text: &str) {
-    if !criu::log(level, text) {
+fn write_line(level: CriuLevel, text: &str) {
+    if !WRITER.get().is_some_and(|w| w(level, text)) {
         eprintln!("{text}");
     }
 }
@@ -79,16 +92,16 @@ impl<S: Subscriber> Layer<S> for CriuLog {
             return;
         }
         let (criu_level, tag) = match level {
-            Level::ERROR => (criu::LOG_ERROR, "Error: "),
-            Level::WARN => (criu::LOG_WARN, "Warn: "),
-            Level::INFO => (criu::LOG_INFO, ""),
-            _ => (criu::LOG_DEBUG, ""),
+            Level::ERROR => (CriuLevel::Error, "Error: "),
+            Level::WARN => (CriuLevel::Warn, "Warn: "),
+            Level::INFO => (CriuLevel::Info, ""),
+            _ => (CriuLevel::Debug, ""),
         };
         if IN_GUARDIAN.load(Ordering::Relaxed) {
             return;
         }
         // CRIU's own error lines read "Error (file:line): ..."; ours name the plugin instead.
-        let text = format!("{tag}{NAME}: {}{}", line.message, line.fields);
+        let text = format!("{tag}{}: {}{}", self.prefix, line.message, line.fields);
         let mut queue = QUEUED.lock().unwrap_or_else(|e| e.into_inner());
         if off_criu_thread() {
             queue.push((criu_level, text));
@@ -102,11 +115,14 @@ impl<S: Subscriber> Layer<S> for CriuLog {
     }
 }
 
-/// Installs the CRIU log as this library's tracing subscriber (once per process), from CRIU's
-/// thread.
-pub fn init() {
+/// Installs CRIU's log, written by `writer` with lines prefixed `prefix:`, as this library's
+/// tracing subscriber (once per process), from CRIU's thread.
+pub fn init(prefix: &'static str, writer: Writer) {
     let _ = CRIU_THREAD.compare_exchange(0, this_thread(), Ordering::SeqCst, Ordering::SeqCst);
-    let _ = tracing_subscriber::registry().with(CriuLog).try_init();
+    let _ = WRITER.set(writer);
+    let _ = tracing_subscriber::registry()
+        .with(CriuLog { prefix })
+        .try_init();
 }
 
 /// Writes lines other threads queued (CRIU's thread calls this when a hook returns).
@@ -114,7 +130,7 @@ pub fn flush() {
     if off_criu_thread() {
         return;
     }
-    let lines: Vec<(u32, String)> = QUEUED
+    let lines: Vec<(CriuLevel, String)> = QUEUED
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .drain(..)

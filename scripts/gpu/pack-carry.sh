@@ -15,7 +15,7 @@ cd "$root"
 for f in "$PREFIX/sbin/criu" "$PREFIX/lib/criu-gpu/stock/criu" "$PREFIX/lib/criu-gpu/upstream-cuda/cuda_plugin.so"; do
 	[ -e "$f" ] || { echo "pack-carry.sh: $f missing: run scripts/install-criu.sh" >&2; exit 1; }
 done
-cargo build --release -p cuda-checkpoint-ctl -p criu-gpu-plugin --example digest
+cargo build --release -p cuda-checkpoint-ctl -p criu-gpu-plugin -p criu-gpu-image --example digest
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/plugins" "$out/upstream-plugins"
 cp "$PREFIX/lib/criu-gpu/upstream-cuda/cuda_plugin.so" "$out/upstream-plugins/"
 cp target/release/cuda-checkpoint-ctl target/release/examples/digest "$out/bin/"

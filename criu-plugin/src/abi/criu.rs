@@ -15,12 +15,6 @@ type CheckAndRemoveInventoryPlugin = unsafe extern "C" fn(*const c_char, usize) 
 type VoidFn = unsafe extern "C" fn();
 type GetImageDir = unsafe extern "C" fn() -> c_int;
 
-/// CRIU log levels (criu/include/log.h).
-pub const LOG_ERROR: u32 = 1;
-pub const LOG_WARN: u32 = 2;
-pub const LOG_INFO: u32 = 3;
-pub const LOG_DEBUG: u32 = 4;
-
 /// `opts.final_state` values (compel's task states).
 const TASK_ALIVE: i32 = 1;
 const TASK_DEAD: i32 = 2;
@@ -79,7 +73,7 @@ pub fn inside_criu() -> bool {
 }
 
 /// Writes one line to CRIU's log; `false` if there is no CRIU to write to.
-pub fn log(level: u32, line: &str) -> bool {
+pub fn log(level: crate::log::CriuLevel, line: &str) -> bool {
     let Some(f) = symbols().print_on_level else {
         return false;
     };
@@ -87,7 +81,7 @@ pub fn log(level: u32, line: &str) -> bool {
         return false;
     };
     // SAFETY: a constant "%s" format with one NUL-terminated string argument.
-    unsafe { f(level, c"%s".as_ptr(), text.as_ptr()) };
+    unsafe { f(level as c_uint, c"%s".as_ptr(), text.as_ptr()) };
     true
 }
 

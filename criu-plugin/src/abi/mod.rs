@@ -13,9 +13,11 @@ use std::sync::Mutex;
 
 use std::time::{Duration, Instant};
 
+use crate::backends::cuda::SpawnGuardian;
 use crate::core::{
-    stats, FinalState, HookResult, Host, Inventory, Plugin, Stage, ThreadControl, Verdict,
+    stats, FinalState, HookResult, Host, Inventory, Plugin, Stage, ThreadControl, Verdict, NAME,
 };
+use crate::guardian::proto::Watch;
 use crate::guardian::{Guardian, GuardianError};
 
 /// CRIU's plugin ABI version (CRIU_PLUGIN_VERSION, unchanged since 2014).
@@ -104,13 +106,15 @@ impl Host for CriuHost {
     fn threads(&self) -> &dyn ThreadControl {
         &ptrace::Ptrace
     }
-    fn spawn_guardian(&self, stage: Stage) -> Result<Guardian, GuardianError> {
-        // The guardian keeps its own handle on the image directory, for its log.
-        let dir = self
-            .image_dir()
-            .and_then(|d| std::fs::File::open(d).ok().map(std::os::fd::OwnedFd::from));
-        Guardian::fork(stage, dir)
-    }
+}
+
+/// Forks the guardian from CRIU's process (see [`crate::guardian`]). It keeps its own handle on
+/// the image directory, for its log.
+fn fork_guardian(watch: Watch) -> Result<Guardian, GuardianError> {
+    let dir = criu::image_dir_fd()
+        .and_then(|fd| std::fs::File::open(format!("/proc/self/fd/{fd}")).ok())
+        .map(std::os::fd::OwnedFd::from);
+    Guardian::fork(watch, dir)
 }
 
 /// The inventory of the image CRIU restores, through CRIU's own functions.
@@ -154,8 +158,8 @@ fn with_plugin(hook: &str, f: impl FnOnce(&mut Plugin) -> HookResult<c_int>) -> 
 
 extern "C" fn init(stage: c_int) -> c_int {
     let start = Instant::now();
-    crate::log::init();
-    crate::core::settings::export_file_settings();
+    crate::log::init(NAME, criu::log);
+    criu_gpu_image::settings::export_file_settings();
     let r = catch_unwind(|| {
         let Some(stage) = Stage::from_raw(stage) else {
             return Ok(());
@@ -163,7 +167,8 @@ extern "C" fn init(stage: c_int) -> c_int {
         let host = CriuHost {
             required: Mutex::new(Vec::new()),
         };
-        let mut plugin = Plugin::new(stage, Box::new(host), crate::backends::all());
+        let spawn: SpawnGuardian = std::sync::Arc::new(fork_guardian);
+        let mut plugin = Plugin::new(stage, Box::new(host), crate::backends::all(spawn));
         plugin.init(&CriuInventory)?;
         *PLUGIN.lock().unwrap_or_else(|e| e.into_inner()) = Some(plugin);
         tracing::debug!(?stage, "initialised");

@@ -6,7 +6,8 @@ pub mod cuda;
 
 use crate::core::Backend;
 
-/// Every backend, in the order CRIU's calls are offered to them.
-pub fn all() -> Vec<Box<dyn Backend>> {
-    vec![Box::new(cuda::Cuda::new()), Box::new(amd::Amd::new())]
+/// Every backend, in the order CRIU's calls are offered to them; the CUDA one makes its driver
+/// calls through guardians started by `spawn`.
+pub fn all(spawn: cuda::SpawnGuardian) -> Vec<Box<dyn Backend>> {
+    vec![Box::new(cuda::Cuda::new(spawn)), Box::new(amd::Amd::new())]
 }

@@ -1,10 +1,9 @@
 //! A failed hook, as a typed cause. Its `Display` is the operator's message: what went wrong,
 //! what state things were left in, and what to do.
 
-use super::digest::DigestError;
-use super::record::RecordError;
-use super::settings::SettingsError;
-use crate::guardian::GuardianError;
+use criu_gpu_image::digest::DigestError;
+use criu_gpu_image::record::RecordError;
+use criu_gpu_image::settings::SettingsError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
@@ -14,8 +13,6 @@ pub enum HookError {
     Record(#[from] RecordError),
     #[error("{0}")]
     Digest(#[from] DigestError),
-    #[error("{0}")]
-    Guardian(#[from] GuardianError),
     /// A backend's own typed error.
     #[error("{0}")]
     Gpu(Box<dyn std::error::Error + Send + Sync>),

@@ -2,10 +2,7 @@
 //! dispatch rule CRIU itself applies (the first backend that does not answer "not mine" handles
 //! the call), and what CRIU offers a backend ([`Host`]).
 
-pub mod digest;
 pub mod error;
-pub mod record;
-pub mod settings;
 pub mod stats;
 pub mod threads;
 
@@ -14,8 +11,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use self::error::HookError;
-pub use self::settings::Settings;
 pub use self::threads::{Released, ThreadControl, ThreadError, ThreadWindow};
+/// The node's settings live with the checkpoint image's rules (`criu-gpu` reads them too).
+pub use criu_gpu_image::settings::{self, Settings};
 
 /// The plugin's name: CRIU's descriptor name, the inventory entry prefix, the log prefix.
 pub const NAME: &str = "criu_gpu";
@@ -81,16 +79,6 @@ pub trait Host {
         std::process::id() as i32
     }
     fn threads(&self) -> &dyn ThreadControl;
-    /// Whether every image file is at hand to be checked against its digest (a check of an
-    /// archive looks at a few files only).
-    fn all_images_present(&self) -> bool {
-        true
-    }
-    /// Starts the guardian process for this command (see [`crate::guardian`]).
-    fn spawn_guardian(
-        &self,
-        stage: Stage,
-    ) -> Result<crate::guardian::Guardian, crate::guardian::GuardianError>;
 }
 
 /// What the image's inventory said about a backend at restore.

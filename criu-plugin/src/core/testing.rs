@@ -1,13 +1,10 @@
-//! A host for tests of the logic without CRIU: records what the backends asked of it, and runs
-//! guardians in-process (a thread over a socketpair) with a fake machine.
+//! A host for tests of the logic without CRIU: records what the backends asked of it.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use super::*;
-use crate::guardian::agent::Machine;
-use crate::guardian::{Guardian, GuardianError, Watched};
 
 #[derive(Default)]
 pub struct FakeThreads {
@@ -52,11 +49,6 @@ pub struct FakeHost {
     pub threads: FakeThreads,
     pub root: Option<i32>,
     pub seize_left: Option<Duration>,
-    /// The machine guardians act on (none: starting one fails).
-    pub machine: Option<Arc<dyn Machine>>,
-    /// "CRIU" as the guardians see it: [`FakeHost::criu_dies`] ends it.
-    pub watched: Mutex<Vec<Watched>>,
-    pub spawned: Mutex<u32>,
 }
 
 impl FakeHost {
@@ -69,15 +61,7 @@ impl FakeHost {
             threads: FakeThreads::default(),
             root: None,
             seize_left: Some(Duration::from_secs(10)),
-            machine: None,
-            watched: Mutex::new(Vec::new()),
-            spawned: Mutex::new(0),
         }
-    }
-
-    /// CRIU ends without calling `exit` (SIGKILL): every guardian sees it go.
-    pub fn criu_dies(&self) {
-        self.watched.lock().unwrap().clear();
     }
 }
 
@@ -107,14 +91,5 @@ impl Host for FakeHost {
     }
     fn threads(&self) -> &dyn ThreadControl {
         &self.threads
-    }
-    fn spawn_guardian(&self, stage: Stage) -> Result<Guardian, GuardianError> {
-        *self.spawned.lock().unwrap() += 1;
-        let Some(m) = &self.machine else {
-            return Err(GuardianError::Spawn("no guardian in this test".into()));
-        };
-        let (g, watched) = crate::guardian::in_thread(stage, m.clone())?;
-        self.watched.lock().unwrap().push(watched);
-        Ok(g)
     }
 }

@@ -21,8 +21,9 @@ use cuda_checkpoint_ctl::driver::{code, CudaError, DeviceMap, DriverInfo, Proces
 use cuda_checkpoint_ctl::inventory::Inventory;
 use rustix::event::{poll, PollFd, PollFlags};
 
-use super::proto::{self, Act, Answer, DriverFailure, Level, Op, Order, Outcome, Report, Returned};
-use crate::core::Stage;
+use super::proto::{
+    self, Act, Answer, DriverFailure, Level, Op, Order, Outcome, Report, Returned, Watch,
+};
 
 /// The driver as the guardian uses it.
 pub trait GpuDriver: Send + Sync {
@@ -277,7 +278,7 @@ enum Phase {
 
 /// The guardian of one CRIU command.
 pub struct Agent {
-    stage: Stage,
+    watch: Watch,
     machine: Arc<dyn Machine>,
     out: Arc<Outbox>,
     link: OwnedFd,
@@ -297,7 +298,7 @@ pub struct Agent {
 
 impl Agent {
     pub fn new(
-        stage: Stage,
+        watch: Watch,
         machine: Arc<dyn Machine>,
         link: OwnedFd,
         criu: OwnedFd,
@@ -308,7 +309,7 @@ impl Agent {
             machine: machine.clone(),
         });
         Ok(Agent {
-            stage,
+            watch,
             machine,
             out,
             link,
@@ -347,13 +348,13 @@ impl Agent {
             }
             // Watching a restore, CRIU's new children are looked for often: a restore of a small
             // tree is done in tens of milliseconds.
-            let tick = if self.stage == Stage::Restore {
+            let tick = if self.watch == Watch::Restore {
                 20
             } else {
                 100
             };
             let (order_waiting, criu_gone) = self.wait(Duration::from_millis(tick));
-            if self.stage == Stage::Restore && self.phase == Phase::Working {
+            if self.watch == Watch::Restore && self.phase == Phase::Working {
                 self.tree.extend(self.machine.descendants(self.criu_pid));
             }
             if criu_gone {
@@ -375,7 +376,7 @@ impl Agent {
                 Ok(Some(Order::Bye)) => {
                     self.bye = true;
                     bye_at = Some(Instant::now());
-                    if self.stage != Stage::Restore
+                    if self.watch != Watch::Restore
                         && self.phase == Phase::Working
                         && self.tracked.values().any(|t| t.touched)
                     {
@@ -425,7 +426,7 @@ impl Agent {
                 .iter()
                 .all(|(pid, t)| !self.machine.alive(*pid, t.starttime)),
             Phase::Working => {
-                self.stage == Stage::Restore || !self.tracked.values().any(|t| t.touched)
+                self.watch == Watch::Restore || !self.tracked.values().any(|t| t.touched)
             }
         }
     }
@@ -526,8 +527,8 @@ impl Agent {
     fn criu_gone(&mut self) {
         self.out.close();
         let criu = self.criu_pid;
-        match (self.stage, self.phase) {
-            (Stage::Restore, Phase::Working) => {
+        match (self.watch, self.phase) {
+            (Watch::Restore, Phase::Working) => {
                 for &pid in &self.expected {
                     if let Some(st) = self.machine.started_since_me(pid) {
                         self.tree.insert((pid, st));
@@ -555,7 +556,7 @@ impl Agent {
                     self.machine.kill(*pid);
                 }
             }
-            (Stage::Restore, _) => {}
+            (Watch::Restore, _) => {}
             (_, Phase::RolledBack) if self.settled.load(Ordering::SeqCst) => {}
             (_, Phase::RolledBack) => {
                 // The rollback the plugin asked for is already queued: see it through.

@@ -24,8 +24,7 @@ use cuda_checkpoint_ctl::driver::DriverInfo;
 use cuda_checkpoint_ctl::inventory::Inventory;
 use rustix::event::{poll, PollFd, PollFlags};
 
-use self::proto::{Act, Answer, DriverFailure, Level, Order, Outcome, Report};
-use crate::core::Stage;
+use self::proto::{Act, Answer, DriverFailure, Level, Order, Outcome, Report, Watch};
 
 /// How long the guardian may take to load the driver and say so.
 const HELLO: Duration = Duration::from_secs(30);
@@ -57,14 +56,14 @@ pub struct Guardian {
 }
 
 impl Guardian {
-    /// Forks the guardian process for `stage` of the CRIU command this process runs. Must be
+    /// Forks the guardian process watching the CRIU command this process runs. Must be
     /// called while CRIU runs a single thread (hooks run on it; the plugin's own threads are
     /// all joined by then).
-    pub fn fork(stage: Stage, image_dir: Option<OwnedFd>) -> Result<Guardian, GuardianError> {
+    pub fn fork(watch: Watch, image_dir: Option<OwnedFd>) -> Result<Guardian, GuardianError> {
         let keep: Vec<RawFd> = image_dir.iter().map(|d| d.as_raw_fd()).collect();
         let (link, pid) = sys::spawn(&keep, move |link, criu, criu_pid| {
             let machine = std::sync::Arc::new(machine::Real::new(image_dir));
-            if let Ok(agent) = agent::Agent::new(stage, machine, link, criu, criu_pid) {
+            if let Ok(agent) = agent::Agent::new(watch, machine, link, criu, criu_pid) {
                 agent.run();
             }
         })
@@ -236,7 +235,7 @@ pub struct Watched {
 /// A guardian on a thread of this process over a socketpair, for tools outside CRIU
 /// (`criu-gpu-check`) and tests (with a fake machine).
 pub fn in_thread(
-    stage: Stage,
+    watch: Watch,
     machine: std::sync::Arc<dyn agent::Machine>,
 ) -> Result<(Guardian, Watched), GuardianError> {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
@@ -249,7 +248,7 @@ pub fn in_thread(
     )
     .map_err(|e| spawn(e.into()))?;
     let (gone_r, gone_w) = rustix::pipe::pipe().map_err(|e| spawn(e.into()))?;
-    let agent = agent::Agent::new(stage, machine, theirs, gone_r, std::process::id() as i32)
+    let agent = agent::Agent::new(watch, machine, theirs, gone_r, std::process::id() as i32)
         .map_err(spawn)?;
     std::thread::spawn(move || agent.run());
     let g = Guardian::connect(ours, std::process::id() as i32);

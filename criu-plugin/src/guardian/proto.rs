@@ -10,6 +10,15 @@ use serde::{Deserialize, Serialize};
 /// The largest message either side sends (an inventory of many GPUs is a few KiB).
 pub const MAX_MESSAGE: usize = 1 << 20;
 
+/// Which CRIU command a guardian watches: what it undoes if CRIU dies half-way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Watch {
+    /// A dump (or pre-dump): processes go back to their state before the dump.
+    Dump,
+    /// A restore: a half-restored tree is killed.
+    Restore,
+}
+
 /// The plugin to the guardian.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Order {

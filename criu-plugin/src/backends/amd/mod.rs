@@ -17,13 +17,12 @@ use std::time::Instant;
 
 use amd_kfd::device::{self, Kfd};
 use amd_kfd::image::{self, ImageReader};
-use amd_kfd::topology::{map_gpus, Checks, Topology};
 use amd_kfd::vma::Remaps;
+use criu_gpu_image::amd;
 
 use crate::core::{Backend, Claims, FinalState, HookError, HookResult, Host, Stage, Verdict};
 
-/// This backend's entry in the image's inventory.
-pub const INVENTORY_NAME: &str = "criu_gpu_amd";
+pub use criu_gpu_image::amd::INVENTORY_NAME;
 /// Fds the restore opens in the restored process start here, above the process's own.
 const FD_BASE_ENV: &str = "CRIU_GPU_AMD_FD_BASE";
 const FD_BASE: i32 = 512;
@@ -55,10 +54,6 @@ fn err(e: impl std::fmt::Display) -> HookError {
     HookError::Backend(e.to_string())
 }
 
-fn checks() -> Result<Checks, HookError> {
-    Checks::from_env(|k| std::env::var(k).ok()).map_err(HookError::Backend)
-}
-
 impl Amd {
     pub fn new() -> Amd {
         Amd::with_detect(Box::new(device::detect))
@@ -76,59 +71,20 @@ impl Amd {
         }
     }
 
-    fn local_topology(kfd: &dyn Kfd) -> Result<Topology, HookError> {
-        Topology::parse(&kfd.topology_root()).map_err(err)
-    }
-
-    /// The KFD images of a checkpoint.
-    fn images(dir: &Path) -> Vec<std::path::PathBuf> {
-        let mut v: Vec<_> = std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.path())
-                    .filter(|p| {
-                        p.file_name()
-                            .and_then(|n| n.to_str())
-                            .is_some_and(|n| n.starts_with("amdgpu-kfd-") && n.ends_with(".img"))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    }
-
     fn init_restore(&mut self, host: &dyn Host, claims: &Claims) -> Result<(), HookError> {
-        let images = host
-            .image_dir()
-            .map(|d| Amd::images(&d))
-            .unwrap_or_default();
-        if claims.ours && images.is_empty() {
-            return Err(msg(
-                "the image's inventory says it holds AMD GPU state (criu_gpu_amd) but no \
-                 amdgpu-kfd-*.img is in the image directory: copy the checkpoint again",
-            ));
-        }
-        if images.is_empty() {
+        let Some(dir) = host.image_dir() else {
             return Ok(());
-        }
-        let kfd = (self.detect)().ok_or_else(|| {
-            msg(
-                "the checkpoint holds AMD GPU state but this machine has no /dev/kfd: load the \
-                 amdgpu driver (or restore on a machine with AMD GPUs)",
-            )
-        })?;
+        };
         // Check everything now, before CRIU starts creating processes.
-        let local = Amd::local_topology(kfd.as_ref())?;
-        let checks = checks()?;
-        for p in &images {
-            let img = ImageReader::open(p).map_err(err)?;
-            let m = map_gpus(&img.meta.topology, &local, &checks)
-                .map_err(|e| HookError::Backend(format!("{}: {e}", p.display())))?;
+        let kfd = (self.detect)();
+        let Some(matched) = amd::check(&dir, claims.ours, kfd.as_deref()).map_err(err)? else {
+            return Ok(());
+        };
+        for m in &matched {
             tracing::info!(
                 "{}: process {} with {} GPU(s) -> {}",
-                p.file_name().and_then(|n| n.to_str()).unwrap_or("?"),
-                img.meta.pid,
+                m.image,
+                m.pid,
                 m.gpus.len(),
                 m.gpus
                     .iter()
@@ -137,8 +93,10 @@ impl Amd {
                     .join(" ")
             );
         }
-        tracing::info!("AMD GPUs: {}", kfd.describe());
-        self.kfd = Some(kfd);
+        if let Some(k) = &kfd {
+            tracing::info!("AMD GPUs: {}", k.describe());
+        }
+        self.kfd = kfd;
         Ok(())
     }
 
@@ -147,7 +105,7 @@ impl Amd {
         let dir = host
             .image_dir()
             .ok_or_else(|| msg("CRIU's image directory is not available"))?;
-        let local = Amd::local_topology(kfd)?;
+        let local = amd::local_topology(kfd).map_err(err)?;
         let start = Instant::now();
         let d = amd_kfd::dump::dump(kfd, fd, id, &dir, &local).map_err(|e| {
             HookError::Backend(format!(
@@ -178,13 +136,13 @@ impl Amd {
     fn restore_kfd(&mut self, path: &Path) -> HookResult<RawFd> {
         let kfd = self.kfd.as_deref().expect("checked");
         let img = ImageReader::open(path).map_err(err)?;
-        let local = Amd::local_topology(kfd)?;
+        let local = amd::local_topology(kfd).map_err(err)?;
         let base = std::env::var(FD_BASE_ENV)
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(FD_BASE);
         let start = Instant::now();
-        let r = amd_kfd::restore::restore(kfd, &img, &local, &checks()?, base)
+        let r = amd_kfd::restore::restore(kfd, &img, &local, &amd::checks().map_err(err)?, base)
             .map_err(|e| HookError::Backend(format!("restoring {}: {e}", path.display())))?;
         tracing::info!(
             "restored KFD state of process {} ({:.2} GiB of buffers) in {:.2} s",

@@ -15,16 +15,17 @@ use cuda_checkpoint_ctl::driver::ProcessState;
 use cuda_checkpoint_ctl::inventory::Inventory;
 use cuda_checkpoint_ctl::process::Libraries;
 
+use criu_gpu_image::cuda::{self as image, CudaImage, ProcessRecord, Usage};
+use criu_gpu_image::{digest, record};
+
 use super::error::{ActionFailure, DumpError, LockFailure, Who};
-use super::image::{self, CudaImage, ProcessRecord, Usage};
 use super::procs::Procs;
-use super::{action_limit, gib, INVENTORY_NAME};
+use super::{action_limit, gib, SpawnGuardian, INVENTORY_NAME};
 use crate::core::{
-    digest, record, stats, FinalState, HookError, HookResult, Host, Settings, Stage, ThreadWindow,
-    Verdict,
+    stats, FinalState, HookError, HookResult, Host, Settings, Stage, ThreadWindow, Verdict,
 };
-use crate::guardian::proto::{Act, Answer, Order, Returned};
-use crate::guardian::Guardian;
+use crate::guardian::proto::{Act, Answer, Order, Returned, Watch};
+use crate::guardian::{Guardian, GuardianError};
 
 /// CRIU's default --timeout, for a CRIU whose alarm cannot be read.
 const DEFAULT_SEIZE: Duration = Duration::from_secs(10);
@@ -79,19 +80,19 @@ struct Ctx {
 }
 
 /// The guardian, once the tree turned out to hold CUDA processes.
-#[derive(Default)]
 struct Link {
+    spawn: SpawnGuardian,
     guardian: Option<Guardian>,
     /// NVML's answer, asked for as the guardian started.
     inventory: Option<u64>,
 }
 
 impl Link {
-    fn get(&mut self, host: &dyn Host, stage: Stage) -> Result<&mut Guardian, HookError> {
+    fn get(&mut self) -> Result<&mut Guardian, HookError> {
         let g = match self.guardian.take() {
             Some(g) => g,
             None => {
-                let mut g = host.spawn_guardian(stage)?;
+                let mut g = (self.spawn)(Watch::Dump)?;
                 // NVML's view, asked now: it is ready by the time the checkpoint needs it.
                 self.inventory = Some(g.ask_inventory()?);
                 g
@@ -104,7 +105,7 @@ impl Link {
     fn started(&mut self) -> Result<&mut Guardian, HookError> {
         self.guardian
             .as_mut()
-            .ok_or(HookError::Guardian(crate::guardian::GuardianError::Gone(0)))
+            .ok_or(HookError::from(GuardianError::Gone(0)))
     }
 }
 
@@ -113,14 +114,24 @@ impl Dump {
     /// driver takes a while, CRIU goes on meanwhile) and asks CRIU to seize without the freezer
     /// (a frozen process cannot be locked). Trees without CUDA are left exactly as CRIU dumps
     /// them.
-    pub fn start(host: &dyn Host, stage: Stage, settings: Settings, procs: Box<dyn Procs>) -> Dump {
+    pub fn start(
+        host: &dyn Host,
+        stage: Stage,
+        settings: Settings,
+        procs: Box<dyn Procs>,
+        spawn: SpawnGuardian,
+    ) -> Dump {
         let mut d = Dump {
             ctx: Ctx {
                 stage,
                 settings,
                 procs,
             },
-            link: Link::default(),
+            link: Link {
+                spawn,
+                guardian: None,
+                inventory: None,
+            },
             required: false,
             phase: Phase::Start,
             libs: BTreeMap::new(),
@@ -148,7 +159,7 @@ impl Dump {
                  cannot be locked"
             );
         }
-        if let Err(e) = d.link.get(host, stage) {
+        if let Err(e) = d.link.get() {
             // Said again, with the processes, when the tree is paused.
             tracing::debug!("{e}");
         }
@@ -235,7 +246,7 @@ impl Dump {
                 comm: procs.comm(*pid),
             })
             .collect();
-        let g = self.link.get(host, ctx.stage)?;
+        let g = self.link.get()?;
         if let Err(reason) = g.driver()? {
             return Err(HookError::gpu(DumpError::NoDriver {
                 processes: all,

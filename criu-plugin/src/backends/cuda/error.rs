@@ -225,26 +225,9 @@ fn checkpoints(failures: &[(Who, ActionFailure)]) -> String {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
-    #[error(
-        "the image's inventory says it holds CUDA state ({name}) but {record} is missing from the \
-         image directory: it was not copied completely; copy it again from its source"
-    )]
-    RecordMissing {
-        name: &'static str,
-        record: &'static str,
-    },
-    #[error(
-        "the checkpoint holds {what}, but the CUDA driver cannot be used here: {reason}; install \
-         the NVIDIA driver (r570 or later) or name it with CUDA_CKPT_LIBCUDA=PATH; nothing was \
-         restored"
-    )]
-    NoDriver { what: String, reason: String },
-    #[error(
-        "the checkpoint holds {what}, but this machine has no NVIDIA GPU; nothing was restored"
-    )]
-    NoGpu { what: String },
-    #[error("cannot restore the {what} here: {why}; nothing was restored")]
-    Placement { what: String, why: String },
+    /// What the image crate's checks refuse before anything is restored.
+    #[error("{0}")]
+    Check(#[from] criu_gpu_image::restorable::CudaCheckError),
     #[error(
         "lazy restores (--lazy-pages) are not supported for CUDA state: the GPU driver reads all \
          of the process's memory at once; restore without --lazy-pages"
@@ -270,4 +253,11 @@ pub enum RestoreError {
     Action { who: Who, failure: String },
     #[error("cannot let the GPU driver threads run: {0}")]
     Threads(String),
+}
+
+/// The guardian failing is a GPU failure of the hook (the message says what is left to do).
+impl From<crate::guardian::GuardianError> for crate::core::HookError {
+    fn from(e: crate::guardian::GuardianError) -> Self {
+        crate::core::HookError::gpu(e)
+    }
 }

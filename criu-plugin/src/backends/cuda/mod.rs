@@ -1,25 +1,26 @@
 //! NVIDIA CUDA through the driver's checkpoint API (`cuCheckpointProcess*`), driven from CRIU's
 //! device hooks. A dump and a restore are separate types ([`dump::Dump`], [`restore::Restore`]);
-//! both make their driver calls through the guardian process ([`crate::guardian`]).
+//! both make their driver calls through the guardian process ([`crate::guardian`]), which the
+//! C edge starts for them ([`SpawnGuardian`]). What the image holds and the checks before a
+//! restore are the image crate's ([`criu_gpu_image`]).
 
 pub mod dump;
 pub mod error;
-pub mod image;
-pub mod placement;
 pub mod procs;
 pub mod restore;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+pub use criu_gpu_image::cuda::INVENTORY_NAME;
+pub use criu_gpu_image::restorable::UPSTREAM_PLUGIN;
+
 use crate::core::{Backend, Claims, HookError, HookResult, Host, Settings, Stage, Verdict};
+use crate::guardian::proto::Watch;
+use crate::guardian::{Guardian, GuardianError};
 
-pub use self::image::{CudaImage, ProcessRecord, Usage, FORMAT, RECORD, VERSION};
-pub use self::placement::{plan, GpuPlacement, Plan};
-
-/// The image name of CRIU's own C CUDA plugin: its checkpoints are restored too.
-pub const UPSTREAM_PLUGIN: &str = "cuda_plugin";
-/// This backend's entry in the image's inventory.
-pub const INVENTORY_NAME: &str = "criu_gpu_cuda";
+/// Starts the guardian of a command: the C edge forks it from CRIU; tests run one on a thread.
+pub type SpawnGuardian = Arc<dyn Fn(Watch) -> Result<Guardian, GuardianError> + Send + Sync>;
 
 fn gib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
@@ -54,18 +55,24 @@ pub type SettingsSource = Box<dyn Fn() -> Settings + Send>;
 pub struct Cuda {
     procs: ProcsFactory,
     settings: SettingsSource,
+    spawn: SpawnGuardian,
     session: Session,
 }
 
 impl Cuda {
-    pub fn new() -> Cuda {
-        Cuda::with(Box::new(|| Box::new(procs::Real)), Box::new(Settings::load))
+    pub fn new(spawn: SpawnGuardian) -> Cuda {
+        Cuda::with(
+            Box::new(|| Box::new(procs::Real)),
+            Box::new(Settings::load),
+            spawn,
+        )
     }
 
-    pub fn with(procs: ProcsFactory, settings: SettingsSource) -> Cuda {
+    pub fn with(procs: ProcsFactory, settings: SettingsSource, spawn: SpawnGuardian) -> Cuda {
         Cuda {
             procs,
             settings,
+            spawn,
             session: Session::Idle,
         }
     }
@@ -78,12 +85,6 @@ impl Cuda {
             Session::Restore(r) => r.guardian(),
             _ => None,
         }
-    }
-}
-
-impl Default for Cuda {
-    fn default() -> Self {
-        Cuda::new()
     }
 }
 
@@ -104,11 +105,13 @@ impl Backend for Cuda {
         let settings = (self.settings)();
         self.session = match stage {
             Stage::Restore => {
-                let r = restore::Restore::init(host, claims, settings, (self.procs)())?;
+                let spawn = self.spawn.clone();
+                let r = restore::Restore::init(host, claims, settings, (self.procs)(), spawn)?;
                 Session::Restore(Box::new(r))
             }
             Stage::Dump | Stage::PreDump => {
-                let d = dump::Dump::start(host, stage, settings, (self.procs)());
+                let spawn = self.spawn.clone();
+                let d = dump::Dump::start(host, stage, settings, (self.procs)(), spawn);
                 Session::Dump(Box::new(d))
             }
         };

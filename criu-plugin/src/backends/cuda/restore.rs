@@ -13,23 +13,16 @@ use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
 
-use super::error::{RestoreError, Who};
-use super::image::{self, CudaImage, ProcessRecord};
-use super::placement::{plan, GpuPlacement, Plan};
-use super::procs::Procs;
-use super::{action_limit, gib, INVENTORY_NAME, UPSTREAM_PLUGIN};
-use crate::core::{digest, record, Claims, HookError, HookResult, Host, Settings, ThreadWindow};
-use crate::core::{Stage, Verdict};
-use crate::guardian::proto::{Act, Answer, Order};
-use crate::guardian::Guardian;
+use criu_gpu_image::cuda::ProcessRecord;
+use criu_gpu_image::placement::Plan;
+use criu_gpu_image::restorable::{self, CudaHolds as Holds, Listed, NvidiaNode};
 
-/// What the image holds for this backend.
-enum Holds {
-    /// A record of this plugin.
-    Record(Box<CudaImage>),
-    /// An image of CRIU's C cuda_plugin: no record; every CUDA process found is restored.
-    Upstream,
-}
+use super::error::{RestoreError, Who};
+use super::procs::Procs;
+use super::{action_limit, gib, SpawnGuardian, UPSTREAM_PLUGIN};
+use crate::core::{Claims, HookError, HookResult, Host, Settings, ThreadWindow, Verdict};
+use crate::guardian::proto::{Act, Answer, Order, Watch};
+use crate::guardian::Guardian;
 
 enum Phase {
     /// The image holds no CUDA state.
@@ -58,139 +51,77 @@ impl Restore {
         claims: &Claims,
         settings: Settings,
         procs: Box<dyn Procs>,
+        spawn: SpawnGuardian,
     ) -> Result<Restore, HookError> {
         let mut r = Restore {
             settings,
             procs,
             phase: Phase::NoCuda,
         };
-        let dir = host.image_dir();
-        let mut found: Option<CudaImage> = match &dir {
-            Some(d) => record::read(d, image::RECORD, image::FORMAT, image::VERSION)?,
-            None => None,
+        let Some(dir) = host.image_dir() else {
+            return Ok(r);
         };
-        if claims.listed && !claims.ours && found.take().is_some() {
-            tracing::warn!(
-                "{} in the image directory is not this image's (the image's inventory does not \
-                 name {INVENTORY_NAME}): a leftover of an earlier dump into the same directory; \
-                 it is ignored",
-                image::RECORD
-            );
-        }
-        if claims.ours && claims.listed && found.is_none() {
-            return Err(HookError::gpu(RestoreError::RecordMissing {
-                name: INVENTORY_NAME,
-                record: image::RECORD,
-            }));
-        }
-        let holds = match found {
-            Some(img) => Holds::Record(Box::new(img)),
-            None if claims.others.iter().any(|o| o == UPSTREAM_PLUGIN) => Holds::Upstream,
-            None => return Ok(r),
+        let listed = Listed {
+            list: claims.listed,
+            ours: claims.ours,
+            upstream: claims.others.iter().any(|o| o == UPSTREAM_PLUGIN),
         };
-        let what = match &holds {
-            Holds::Record(i) => format!("CUDA state of {} process(es)", i.processes.len()),
-            Holds::Upstream => format!("CUDA state dumped by CRIU's {UPSTREAM_PLUGIN}"),
+        let check = |e: restorable::CudaCheckError| HookError::gpu(RestoreError::Check(e));
+        let Some(holds) = restorable::holds(&dir, listed).map_err(check)? else {
+            return Ok(r);
         };
         if crate::abi::criu::lazy_pages() {
             return Err(HookError::gpu(RestoreError::LazyPages));
         }
-        let placement = r
-            .settings
-            .parsed("CRIU_GPU_DEVICE_MAP", |v| v.parse::<GpuPlacement>())?
-            .unwrap_or_default();
+        let placement = restorable::placement(&r.settings).map_err(check)?;
         // Forked before any thread of the plugin's runs in CRIU (the digests are hashed on some).
-        let mut g = host.spawn_guardian(Stage::Restore)?;
-        if let (Holds::Record(img), Some(dir), true) = (&holds, &dir, host.all_images_present()) {
-            r.verify(img, dir)?;
+        let mut g = spawn(Watch::Restore)?;
+        if let Holds::Record(img) = &holds {
+            let start = Instant::now();
+            if let Some(bytes) =
+                restorable::verify_digests(img, &dir, &r.settings).map_err(check)?
+            {
+                tracing::info!(
+                    "image files checked against their digests: {} files, {:.2} GiB, in {:.2} s",
+                    img.digests.len(),
+                    gib(bytes),
+                    start.elapsed().as_secs_f64()
+                );
+            }
         }
-        if let Err(reason) = g.driver()? {
-            return Err(HookError::gpu(RestoreError::NoDriver {
-                what,
-                reason: reason.to_owned(),
-            }));
-        }
+        let driver = g.driver()?.cloned().map_err(str::to_owned);
         if let Holds::Record(img) = &holds {
             g.order(&Order::Expect {
                 pids: img.tree.clone(),
             })?;
         }
-        let seq = g.ask_inventory()?;
-        g.wait_all(&[seq], Instant::now() + Duration::from_secs(30), &mut || {})?;
-        let inventory = match g.take_inventory(seq) {
-            Some(Ok(inv)) if inv.gpus.is_empty() => {
-                return Err(HookError::gpu(RestoreError::NoGpu { what }))
+        let inventory = match driver {
+            // No driver: the check says so; NVML is not asked.
+            Err(_) => Err("no driver".to_owned()),
+            Ok(_) => {
+                let seq = g.ask_inventory()?;
+                g.wait_all(&[seq], Instant::now() + Duration::from_secs(30), &mut || {})?;
+                g.take_inventory(seq)
+                    .unwrap_or_else(|| Err("NVML did not answer within 30 s".into()))
             }
-            Some(Ok(inv)) => Some(inv),
-            // NVML's words for a machine whose kernel driver is not there: no GPU to restore on.
-            Some(Err(e)) if e.contains("driver is not loaded") => {
-                return Err(HookError::gpu(RestoreError::NoGpu { what }))
-            }
-            Some(Err(e)) => {
-                tracing::warn!(
-                    "NVML is not available ({e}): GPUs and free memory are not checked before \
-                     restoring"
-                );
-                None
-            }
-            None => None,
         };
-        let plan = match &holds {
-            Holds::Record(img) => {
-                let p = plan(img, inventory.as_ref(), &placement).map_err(|why| {
-                    HookError::gpu(RestoreError::Placement {
-                        what: what.clone(),
-                        why,
-                    })
-                })?;
-                for n in &p.notes {
-                    tracing::info!("{n}");
-                }
-                if !p.map.is_empty() {
-                    tracing::info!("GPUs remapped: {}", p.map);
-                }
-                if let (Some(then), Some(now)) = (
-                    &img.driver_version,
-                    inventory.as_ref().map(|i| &i.driver_version),
-                ) {
-                    if then != now {
-                        tracing::warn!("dumped with NVIDIA driver {then}, restoring with {now}");
-                    }
-                }
-                p
-            }
-            Holds::Upstream => Plan::default(),
+        let node = NvidiaNode {
+            driver: driver.as_ref().map_err(String::as_str),
+            inventory: inventory.as_ref().map_err(String::as_str),
         };
+        let checked = restorable::check_node(&holds, node, &placement).map_err(check)?;
+        for n in &checked.notes {
+            tracing::info!("{n}");
+        }
+        for w in &checked.warnings {
+            tracing::warn!("{w}");
+        }
         r.phase = Phase::Ready(Box::new(Ready {
             holds,
-            plan,
+            plan: checked.plan,
             guardian: g,
         }));
         Ok(r)
-    }
-
-    /// Checks the image files against the digests the dump recorded.
-    fn verify(&self, img: &CudaImage, dir: &std::path::Path) -> Result<(), HookError> {
-        if self.settings.flag("CRIU_GPU_DIGESTS")? == Some(false) {
-            return Ok(());
-        }
-        if img.digests.is_empty() {
-            tracing::warn!(
-                "the record holds no digests of the image files (the dump could not take them): \
-                 the images are not checked"
-            );
-            return Ok(());
-        }
-        let start = Instant::now();
-        digest::verify(dir, &img.digests)?;
-        let bytes: u64 = img.digests.iter().map(|d| d.size).sum();
-        tracing::info!(
-            "image files checked against their digests: {} files, {:.2} GiB, in {:.2} s",
-            img.digests.len(),
-            gib(bytes),
-            start.elapsed().as_secs_f64()
-        );
-        Ok(())
     }
 
     pub fn resume(&mut self, host: &dyn Host, pid: i32) -> HookResult {

@@ -6,8 +6,10 @@ use cuda_checkpoint_ctl::driver::{DriverInfo, GpuUuid, ProcessState};
 use cuda_checkpoint_ctl::inventory::Gpu;
 use serde::{Deserialize, Serialize};
 
-use crate::core::digest::FileDigest;
+use crate::digest::FileDigest;
 
+/// The CUDA backend's entry in the image's inventory.
+pub const INVENTORY_NAME: &str = "criu_gpu_cuda";
 /// The file in the image directory.
 pub const RECORD: &str = "gpu-cuda.json";
 pub const FORMAT: &str = "criu-gpu/cuda";

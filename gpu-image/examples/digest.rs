@@ -1,10 +1,10 @@
 //! Times the image digests the plugin takes at the end of a dump and checks before a restore:
-//! `cargo run --release -p criu-gpu-plugin --example digest -- DIR` hashes DIR's `*.img` files
+//! `cargo run --release -p criu-gpu-image --example digest -- DIR` hashes DIR's `*.img` files
 //! (scripts/bench-digest.sh makes an 8 GiB one and compares with a plain read of it).
 
 use std::time::Instant;
 
-use criu_gpu_plugin::core::digest;
+use criu_gpu_image::digest;
 
 fn main() {
     let dir = std::env::args().nth(1).expect("usage: digest DIR");

@@ -9,7 +9,7 @@ use cuda_checkpoint_ctl::driver::{DeviceMap, GpuUuid};
 use cuda_checkpoint_ctl::inventory::{Gpu, GpuUsage, Inventory};
 use cuda_checkpoint_ctl::placement::{place, Request};
 
-use super::image::{CudaImage, ProcessRecord};
+use crate::cuda::{CudaImage, ProcessRecord};
 
 /// How restore chooses GPUs.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -220,7 +220,7 @@ fn same(image: &CudaImage, here: Option<&Inventory>) -> Result<Plan, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backends::cuda::image::Usage;
+    use crate::cuda::Usage;
     use cuda_checkpoint_ctl::driver::{DriverInfo, ProcessState};
 
     fn uuid(n: u8) -> GpuUuid {

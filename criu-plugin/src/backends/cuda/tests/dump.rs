@@ -1,0 +1,262 @@
+//! Dumps: what is locked, checkpointed and undone, and what is refused.
+
+use super::*;
+
+#[test]
+fn a_dump_locks_every_cuda_process_at_the_first_pause_then_checkpoints_all() {
+    let w = World::new(&[(10, R), (11, R)], &[99]);
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert_eq!(r[0], Ok(Verdict::Done(())));
+    assert_eq!(
+        r[2],
+        Ok(Verdict::NotMine),
+        "a process without CUDA is not ours"
+    );
+    let calls = w.gpu.m().calls.clone();
+    let first_ckpt = calls
+        .iter()
+        .position(|c| c.starts_with("Checkpoint"))
+        .unwrap();
+    assert!(
+        calls[..first_ckpt].contains(&"Lock 11".to_string()),
+        "both locked before any checkpoint: {calls:?}"
+    );
+    assert_eq!((w.gpu.state(10), w.gpu.state(11)), (C, C));
+    assert_eq!(*w.host.required.lock().unwrap(), ["criu_gpu_cuda"]);
+    assert!(
+        *w.host.interrupt_only.lock().unwrap(),
+        "ptrace-only seizing for a CUDA tree"
+    );
+    let log = w.host.threads.log.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        [
+            "release 1010",
+            "release 1011",
+            "recapture 1010",
+            "recapture 1011"
+        ]
+    );
+    c.exit(&w.host, Stage::Dump, true);
+    let dir = w.host.image_dir.clone().unwrap();
+    let img: CudaImage = record::read(&dir, RECORD, FORMAT, VERSION)
+        .unwrap()
+        .unwrap();
+    assert_eq!(img.processes.len(), 2);
+    assert_eq!(img.processes[0].gpus[0].memory, Some(1 << 30));
+    assert_eq!(img.gpus.len(), 1, "every GPU the driver saw");
+    assert_eq!(
+        (w.gpu.state(10), w.gpu.state(11)),
+        (C, C),
+        "tasks die: nothing undone"
+    );
+}
+
+#[test]
+fn a_tree_without_cuda_is_left_to_criu_alone() {
+    let mut w = World::new(&[], &[5, 6]);
+    w.host.root = Some(5);
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| *x == Ok(Verdict::NotMine)), "{r:?}");
+    c.exit(&w.host, Stage::Dump, true);
+    assert!(
+        !*w.host.interrupt_only.lock().unwrap(),
+        "CRIU's seize mode untouched"
+    );
+    assert_eq!(w.guardians.spawned(), 0, "no guardian");
+}
+
+#[test]
+fn checkpoints_of_several_processes_overlap() {
+    let w = World::new(&[(10, R), (11, R), (12, R)], &[]);
+    w.gpu.m().delay = Duration::from_millis(300);
+    let (_c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    let spans: Vec<_> = w
+        .gpu
+        .m()
+        .spans
+        .iter()
+        .filter(|s| s.1 == Call::Checkpoint)
+        .cloned()
+        .collect();
+    assert_eq!(spans.len(), 3);
+    let latest_start = spans.iter().map(|s| s.2).max().unwrap();
+    let earliest_end = spans.iter().map(|s| s.3).min().unwrap();
+    assert!(
+        latest_start < earliest_end,
+        "all three ran at the same time"
+    );
+}
+
+#[test]
+fn a_failed_checkpoint_is_undone_for_every_process() {
+    let w = World::new(&[(10, R), (11, R), (12, L)], &[]);
+    w.gpu
+        .m()
+        .fail
+        .insert((11, Call::Checkpoint), code::OUT_OF_MEMORY);
+    let (mut c, r) = w.dump(Stage::Dump);
+    let e = r.iter().find_map(|x| x.as_ref().err()).unwrap().to_string();
+    assert!(
+        e.contains("process 11") && e.contains("returned to its state"),
+        "{e}"
+    );
+    c.exit(&w.host, Stage::Dump, false);
+    assert_eq!(w.gpu.state(10), R, "checkpointed: restored and unlocked");
+    assert_eq!(w.gpu.state(11), R, "only locked: unlocked");
+    assert_eq!(
+        w.gpu.state(12),
+        L,
+        "locked by someone else before: left locked"
+    );
+}
+
+#[test]
+fn leave_running_returns_every_process_to_running() {
+    let mut w = World::new(&[(10, R), (11, C)], &[]);
+    w.host.final_state = Some(FinalState::Alive);
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    c.exit(&w.host, Stage::Dump, true);
+    assert_eq!(w.gpu.state(10), R);
+    assert_eq!(w.gpu.state(11), C, "checkpointed before the dump: left so");
+    assert!(!w.gpu.m().calls.contains(&"Restore 11".to_string()));
+}
+
+#[test]
+fn a_lock_that_gives_up_names_the_process_and_the_fix() {
+    let w = World::new(&[(10, R), (11, R)], &[]);
+    w.gpu.m().fail.insert((11, Call::Lock), 600);
+    w.tree.0.lock().unwrap().nccl.insert(11);
+    let (mut c, r) = w.dump(Stage::Dump);
+    let e = err_text(&r[0]);
+    assert!(
+        e.contains("GPU work in process 11 (app) did not finish within")
+            && e.contains("NCCL")
+            && e.contains("CRIU_GPU_LOCK_TIMEOUT_MS"),
+        "{e}"
+    );
+    c.exit(&w.host, Stage::Dump, false);
+    assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R));
+}
+
+#[test]
+fn locks_fit_in_what_is_left_of_criu_seize_time() {
+    let mut w = World::new(&[(10, R)], &[]).set("CRIU_GPU_LOCK_TIMEOUT_MS", "9000");
+    w.host.seize_left = Some(Duration::from_secs(2));
+    let (_c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    let t = w.gpu.m().lock_timeouts[0];
+    assert!(t <= Duration::from_secs(2), "{t:?}");
+}
+
+#[test]
+fn a_held_process_is_refused_before_anything_is_locked() {
+    for held in [
+        Held::Stopped,
+        Held::Traced { by: 77 },
+        Held::Thread { tid: 1010, by: 0 },
+    ] {
+        let w = World::new(&[(10, R), (11, R)], &[]);
+        w.tree.0.lock().unwrap().held.insert(11, held.clone());
+        let (mut c, r) = w.dump(Stage::Dump);
+        let e = err_text(&r[0]);
+        assert!(e.contains("nothing was locked"), "{e}");
+        assert!(
+            w.gpu.m().calls.iter().all(|c| !c.starts_with("Lock")),
+            "{held:?}"
+        );
+        c.exit(&w.host, Stage::Dump, false);
+    }
+}
+
+#[test]
+fn pre_dumps_are_refused_before_any_lock() {
+    let w = World::new(&[(10, R)], &[]);
+    let (_c, r) = w.dump(Stage::PreDump);
+    let e = err_text(&r[0]);
+    assert!(e.contains("pre-dump is not supported"), "{e}");
+    assert_eq!(w.gpu.state(10), R);
+    assert!(w.gpu.m().calls.is_empty(), "nothing was locked");
+}
+
+#[test]
+fn a_process_stopped_between_its_lock_and_the_seize_fails_the_dump() {
+    let w = World::new(&[(10, R)], &[]);
+    w.host.threads.seized_stopped.lock().unwrap().push((10, 19));
+    let (mut c, r) = w.dump(Stage::Dump);
+    let e = err_text(&r[1]);
+    assert!(
+        e.contains("stopped by signal 19") && e.contains("kill -CONT 10"),
+        "{e}"
+    );
+    c.exit(&w.host, Stage::Dump, false);
+    assert_eq!(w.gpu.state(10), R);
+}
+
+#[test]
+fn a_checkpoint_that_does_not_return_fails_in_time_and_is_undone_once_it_lands() {
+    let w = World::new(&[(10, R), (11, R)], &[]).set("CRIU_GPU_ACTION_TIMEOUT_S", "1");
+    w.gpu.m().hang.insert((11, Call::Checkpoint));
+    let start = Instant::now();
+    let (mut c, r) = w.dump(Stage::Dump);
+    let e = r.iter().find_map(|x| x.as_ref().err()).unwrap().to_string();
+    assert!(e.contains("did not finish within 1 s"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // The GPU answers again while `exit` rolls back: the rollback waits behind the checkpoint.
+    let gpu = w.gpu.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        gpu.release();
+    });
+    c.exit(&w.host, Stage::Dump, false);
+    assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R));
+}
+
+#[test]
+fn criu_dying_mid_dump_leaves_the_guardian_to_undo_everything() {
+    let w = World::new(&[(10, R), (11, R)], &[]);
+    let (c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()));
+    assert_eq!((w.gpu.state(10), w.gpu.state(11)), (C, C));
+    // SIGKILL: no `exit`.
+    std::mem::forget(c);
+    w.guardians.criu_dies();
+    wait_for("the guardian restores both", || {
+        w.gpu.state(10) == R && w.gpu.state(11) == R
+    });
+    let rec = w.gpu.m().record.join("\n");
+    assert!(rec.contains("ended in the middle of a dump"), "{rec}");
+    assert!(
+        rec.contains("returned to its state before the dump (running)"),
+        "{rec}"
+    );
+}
+
+#[test]
+fn tasks_left_alive_after_a_successful_dump_are_undone() {
+    // A failed post-dump script: CRIU tells plugins the dump succeeded, then resumes the tasks.
+    let w = World::new(&[(10, R)], &[]);
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()));
+    c.exit(&w.host, Stage::Dump, true);
+    assert_eq!(w.gpu.state(10), C);
+    w.guardians.criu_dies();
+    wait_for("rolled back", || w.gpu.state(10) == R);
+    let rec = w.gpu.m().record.join("\n");
+    assert!(rec.contains("post-dump script"), "{rec}");
+}
+
+#[test]
+fn no_driver_is_an_error_naming_the_library_setting() {
+    let w = World::new(&[(10, R)], &[]);
+    w.guardians.set_machine(Arc::new(NoDriver));
+    let (_c, r) = w.dump(Stage::Dump);
+    let e = err_text(&r[0]);
+    assert!(
+        e.contains("CUDA_CKPT_LIBCUDA") && e.contains("process 10"),
+        "{e}"
+    );
+}

@@ -1,0 +1,401 @@
+//! The CUDA backend's decisions against a fake machine, through a real guardian (on a thread,
+//! over the real protocol): what is locked, checkpointed, undone, restored, refused, and what the
+//! guardian does alone when CRIU dies.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use cuda_checkpoint_ctl::driver::{
+    code, Call, CudaError, DeviceMap, DriverInfo, GpuUuid, ProcessState,
+};
+use cuda_checkpoint_ctl::inventory::{Gpu, GpuUsage, Inventory};
+use cuda_checkpoint_ctl::process::Libraries;
+
+use criu_gpu_image::cuda::{CudaImage, FORMAT, RECORD, VERSION};
+use criu_gpu_image::record;
+
+use super::error::Held;
+use super::procs::Procs;
+use super::*;
+use crate::core::testing::FakeHost;
+use crate::core::{FinalState, Settings};
+use crate::guardian::agent::{GpuDriver, Machine};
+use crate::guardian::proto::{Level, Watch};
+use crate::guardian::Watched;
+
+const R: ProcessState = ProcessState::Running;
+const L: ProcessState = ProcessState::Locked;
+const C: ProcessState = ProcessState::Checkpointed;
+const GPU: GpuUuid = GpuUuid([1; 16]);
+
+/// A GPU driver and the processes it knows.
+#[derive(Default)]
+struct Gpus {
+    states: BTreeMap<i32, ProcessState>,
+    fail: BTreeMap<(i32, Call), u32>,
+    /// Calls that do not return until `release` (a GPU that hangs, a stopped thread).
+    hang: BTreeSet<(i32, Call)>,
+    calls: Vec<String>,
+    /// When each action ran: (pid, call, start, end).
+    spans: Vec<(i32, Call, Instant, Instant)>,
+    delay: Duration,
+    dead: BTreeSet<i32>,
+    free: u64,
+    record: Vec<String>,
+    lock_timeouts: Vec<Duration>,
+}
+
+#[derive(Clone, Default)]
+struct Fake(Arc<(Mutex<Gpus>, Condvar)>);
+
+fn err(call: Call, pid: i32, code: u32) -> CudaError {
+    CudaError {
+        call,
+        pid,
+        code,
+        name: format!("CUDA_ERROR_{code}"),
+        description: format!("error {code}"),
+    }
+}
+
+impl Fake {
+    fn with(procs: &[(i32, ProcessState)]) -> Fake {
+        let f = Fake::default();
+        {
+            let mut g = f.m();
+            g.states = procs.iter().copied().collect();
+            g.free = 60 << 30;
+        }
+        f
+    }
+    fn m(&self) -> std::sync::MutexGuard<'_, Gpus> {
+        self.0 .0.lock().unwrap()
+    }
+    fn state(&self, pid: i32) -> ProcessState {
+        self.m().states[&pid]
+    }
+    fn release(&self) {
+        self.m().hang.clear();
+        self.0 .1.notify_all();
+    }
+    fn act(
+        &self,
+        pid: i32,
+        call: Call,
+        from: ProcessState,
+        to: ProcessState,
+    ) -> Result<(), CudaError> {
+        let start = Instant::now();
+        let mut m = self.m();
+        m.calls.push(format!("{call:?} {pid}"));
+        while m.hang.contains(&(pid, call)) {
+            m = self.0 .1.wait(m).unwrap();
+        }
+        let delay = m.delay;
+        drop(m);
+        std::thread::sleep(delay);
+        let mut m = self.m();
+        if m.dead.contains(&pid) {
+            return Err(err(call, pid, code::OPERATING_SYSTEM));
+        }
+        if let Some(c) = m.fail.get(&(pid, call)) {
+            return Err(err(call, pid, *c));
+        }
+        let s = m.states.get_mut(&pid).ok_or_else(|| err(call, pid, 3))?;
+        if *s != from {
+            return Err(err(call, pid, code::ILLEGAL_STATE));
+        }
+        *s = to;
+        m.spans.push((pid, call, start, Instant::now()));
+        Ok(())
+    }
+}
+
+impl GpuDriver for Fake {
+    fn info(&self) -> DriverInfo {
+        DriverInfo {
+            library: "fake".into(),
+            cuda_version: Some(13000),
+            simulated: Some("fake".into()),
+        }
+    }
+    fn restore_tid(&self, pid: i32) -> Result<i32, CudaError> {
+        let m = self.m();
+        m.states
+            .contains_key(&pid)
+            .then_some(pid + 1000)
+            .ok_or_else(|| err(Call::GetRestoreThreadId, pid, code::NOT_INITIALIZED))
+    }
+    fn state(&self, pid: i32) -> Result<ProcessState, CudaError> {
+        let m = self.m();
+        m.states
+            .get(&pid)
+            .copied()
+            .ok_or_else(|| err(Call::GetState, pid, code::NOT_INITIALIZED))
+    }
+    fn lock(&self, pid: i32, timeout: Duration) -> Result<(), CudaError> {
+        self.m().lock_timeouts.push(timeout);
+        self.act(pid, Call::Lock, R, L)
+    }
+    fn checkpoint(&self, pid: i32) -> Result<(), CudaError> {
+        self.act(pid, Call::Checkpoint, L, C)
+    }
+    fn restore(&self, pid: i32, map: &DeviceMap) -> Result<(), CudaError> {
+        if !map.is_empty() {
+            self.m().calls.push(format!("map {pid} {map}"));
+        }
+        self.act(pid, Call::Restore, C, L)
+    }
+    fn unlock(&self, pid: i32) -> Result<(), CudaError> {
+        self.act(pid, Call::Unlock, L, R)
+    }
+    fn inventory(&self) -> Result<Inventory, String> {
+        let m = self.m();
+        Ok(Inventory {
+            nvml_library: "fake".into(),
+            driver_version: "580".into(),
+            cuda_version: Some(13000),
+            gpus: vec![Gpu {
+                index: 0,
+                uuid: GPU,
+                name: "Fake".into(),
+                memory_total: 80 << 30,
+                memory_used: (80 << 30) - m.free,
+                memory_free: m.free,
+                minor: Some(0),
+            }],
+            processes: m
+                .states
+                .keys()
+                .map(|&pid| GpuUsage {
+                    pid,
+                    gpu: GPU,
+                    memory: Some(1 << 30),
+                })
+                .collect(),
+        })
+    }
+}
+
+impl Machine for Fake {
+    fn driver(&self) -> Result<&dyn GpuDriver, String> {
+        Ok(self)
+    }
+    fn alive(&self, pid: i32, _starttime: u64) -> bool {
+        !self.m().dead.contains(&pid)
+    }
+    fn kill(&self, pid: i32) {
+        self.m().dead.insert(pid);
+    }
+    fn descendants(&self, _pid: i32) -> Vec<(i32, u64)> {
+        Vec::new()
+    }
+    fn started_since_me(&self, pid: i32) -> Option<u64> {
+        self.m().states.contains_key(&pid).then_some(1)
+    }
+    fn record(&self, level: Level, line: &str) {
+        self.m().record.push(format!("{level:?}: {line}"));
+    }
+}
+
+/// The processes as /proc shows them.
+#[derive(Clone, Default)]
+struct Tree(Arc<Mutex<TreeState>>);
+
+#[derive(Default)]
+struct TreeState {
+    pids: Vec<i32>,
+    cuda: BTreeSet<i32>,
+    nccl: BTreeSet<i32>,
+    held: BTreeMap<i32, Held>,
+    /// pid -> ns pid (restored processes in a new pid namespace).
+    ns: BTreeMap<i32, i32>,
+    /// Tracer of every process (CRIU's pid once seized).
+    tracer: i32,
+    /// Processes whose root has no /dev/nvidiaN (a container restored with other devices).
+    no_nodes: BTreeSet<i32>,
+    killed: Vec<i32>,
+}
+
+impl Procs for Tree {
+    fn tree(&self, _root: i32) -> Vec<i32> {
+        self.0.lock().unwrap().pids.clone()
+    }
+    fn libraries(&self, pid: i32) -> std::io::Result<Libraries> {
+        let t = self.0.lock().unwrap();
+        Ok(Libraries {
+            libcuda: t.cuda.contains(&pid),
+            nccl: t.nccl.contains(&pid),
+        })
+    }
+    fn comm(&self, _pid: i32) -> String {
+        "app".into()
+    }
+    fn ns_pid(&self, pid: i32) -> Option<i32> {
+        Some(*self.0.lock().unwrap().ns.get(&pid).unwrap_or(&pid))
+    }
+    fn starttime(&self, _pid: i32) -> Option<u64> {
+        Some(1)
+    }
+    fn held(&self, pid: i32, _tid: Option<i32>, _criu: i32) -> Option<Held> {
+        self.0.lock().unwrap().held.get(&pid).cloned()
+    }
+    fn tracer(&self, _pid: i32) -> i32 {
+        self.0.lock().unwrap().tracer
+    }
+    fn has_gpu_node(&self, pid: i32, _minor: u32) -> bool {
+        !self.0.lock().unwrap().no_nodes.contains(&pid)
+    }
+    fn kill(&self, pid: i32) {
+        self.0.lock().unwrap().killed.push(pid);
+    }
+}
+
+/// Guardians on threads of the test process, acting on a fake machine.
+#[derive(Clone, Default)]
+struct Guardians(Arc<Mutex<GuardiansState>>);
+
+#[derive(Default)]
+struct GuardiansState {
+    /// The machine guardians act on (none: starting one fails).
+    machine: Option<Arc<dyn Machine>>,
+    /// "CRIU" as the guardians see it: [`Guardians::criu_dies`] ends it.
+    watched: Vec<Watched>,
+    spawned: u32,
+}
+
+impl Guardians {
+    fn spawner(&self) -> SpawnGuardian {
+        let me = self.clone();
+        Arc::new(move |watch: Watch| {
+            let mut s = me.0.lock().unwrap();
+            s.spawned += 1;
+            let Some(m) = s.machine.clone() else {
+                return Err(GuardianError::Spawn("no guardian in this test".into()));
+            };
+            let (g, watched) = crate::guardian::in_thread(watch, m)?;
+            s.watched.push(watched);
+            Ok(g)
+        })
+    }
+
+    fn set_machine(&self, m: Arc<dyn Machine>) {
+        self.0.lock().unwrap().machine = Some(m);
+    }
+
+    fn spawned(&self) -> u32 {
+        self.0.lock().unwrap().spawned
+    }
+
+    /// CRIU ends without calling `exit` (SIGKILL): every guardian sees it go.
+    fn criu_dies(&self) {
+        self.0.lock().unwrap().watched.clear();
+    }
+}
+
+struct World {
+    gpu: Fake,
+    tree: Tree,
+    host: FakeHost,
+    guardians: Guardians,
+    settings: Vec<(String, String)>,
+}
+
+impl World {
+    fn new(procs: &[(i32, ProcessState)], plain: &[i32]) -> World {
+        let gpu = Fake::with(procs);
+        let tree = Tree::default();
+        {
+            let mut t = tree.0.lock().unwrap();
+            t.pids = procs
+                .iter()
+                .map(|p| p.0)
+                .chain(plain.iter().copied())
+                .collect();
+            t.cuda = procs.iter().map(|p| p.0).collect();
+            t.tracer = std::process::id() as i32;
+        }
+        let mut host = FakeHost::new(Some(tempfile::tempdir().unwrap().keep()));
+        host.root = procs.first().map(|p| p.0);
+        let guardians = Guardians::default();
+        guardians.set_machine(Arc::new(gpu.clone()));
+        World {
+            gpu,
+            tree,
+            host,
+            guardians,
+            settings: Vec::new(),
+        }
+    }
+
+    fn set(mut self, k: &str, v: &str) -> World {
+        self.settings.push((k.into(), v.into()));
+        self
+    }
+
+    fn backend(&self) -> Cuda {
+        let tree = self.tree.clone();
+        let env = self.settings.clone();
+        Cuda::with(
+            Box::new(move || Box::new(tree.clone())),
+            Box::new(move || Settings::from_sources(&env, "", "test")),
+            self.guardians.spawner(),
+        )
+    }
+
+    /// init, PAUSE for every pid, CHECKPOINT for every pid (while all succeed).
+    fn dump(&self, stage: Stage) -> (Cuda, Vec<HookResult>) {
+        let mut c = self.backend();
+        c.init(&self.host, stage, &Claims::default()).unwrap();
+        let pids = self.tree.0.lock().unwrap().pids.clone();
+        let mut r: Vec<HookResult> = pids
+            .iter()
+            .map(|&p| c.pause_devices(&self.host, p))
+            .collect();
+        if r.iter().all(|x| x.is_ok()) {
+            r.extend(pids.iter().map(|&p| c.checkpoint_devices(&self.host, p)));
+        }
+        (c, r)
+    }
+}
+
+fn err_text(r: &HookResult) -> String {
+    match r {
+        Err(e) => e.to_string(),
+        Ok(v) => panic!("expected an error, got {v:?}"),
+    }
+}
+
+fn wait_for(what: &str, f: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+struct NoDriver;
+
+impl Machine for NoDriver {
+    fn driver(&self) -> Result<&dyn GpuDriver, String> {
+        Err("libcuda.so.1: cannot open shared object file".into())
+    }
+    fn alive(&self, _pid: i32, _st: u64) -> bool {
+        true
+    }
+    fn kill(&self, _pid: i32) {}
+    fn descendants(&self, _pid: i32) -> Vec<(i32, u64)> {
+        Vec::new()
+    }
+    fn started_since_me(&self, _pid: i32) -> Option<u64> {
+        None
+    }
+    fn record(&self, _level: Level, _line: &str) {}
+}
+
+mod dump;
+mod restore;

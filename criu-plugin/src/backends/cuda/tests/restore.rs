@@ -1,0 +1,204 @@
+//! Restores: what is restored at once, refused before anything starts, or killed.
+
+use super::*;
+
+/// An image directory holding a dump of `procs`.
+fn dumped(procs: &[(i32, ProcessState)]) -> std::path::PathBuf {
+    let w = World::new(procs, &[]);
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    std::fs::write(
+        w.host.image_dir.clone().unwrap().join("pages-1.img"),
+        vec![7u8; 4096],
+    )
+    .unwrap();
+    c.exit(&w.host, Stage::Dump, true);
+    w.host.image_dir.clone().unwrap()
+}
+
+fn ours() -> Claims {
+    Claims {
+        ours: true,
+        listed: true,
+        others: vec![],
+    }
+}
+
+fn restore_world(dir: std::path::PathBuf, procs: &[(i32, ProcessState)]) -> World {
+    let mut w = World::new(procs, &[]);
+    w.host.image_dir = Some(dir);
+    w
+}
+
+#[test]
+fn a_restore_brings_back_the_whole_tree_at_once() {
+    let dir = dumped(&[(10, R), (11, L), (12, C)]);
+    // Restored in a new pid namespace: other real pids, the same namespace pids.
+    let w = restore_world(dir, &[(500, C), (501, C), (502, C)]);
+    {
+        let mut t = w.tree.0.lock().unwrap();
+        t.ns = [(500, 10), (501, 11), (502, 12), (503, 13)]
+            .into_iter()
+            .collect();
+        t.pids.push(503);
+    }
+    let mut c = w.backend();
+    c.init(&w.host, Stage::Restore, &ours()).unwrap();
+    for pid in [500, 501, 502] {
+        assert_eq!(c.resume_devices_late(&w.host, pid), Ok(Verdict::Done(())));
+    }
+    assert_eq!(c.resume_devices_late(&w.host, 503), Ok(Verdict::NotMine));
+    // Also the ones someone else had locked or checkpointed before the dump: nothing is left
+    // paused by a restore that succeeds.
+    for pid in [500, 501, 502] {
+        assert_eq!(w.gpu.state(pid), R, "process {pid}");
+    }
+    assert!(w.tree.0.lock().unwrap().killed.is_empty());
+}
+
+#[test]
+fn a_failed_restore_kills_the_tree_so_criu_fails() {
+    let dir = dumped(&[(10, R), (11, R)]);
+    let w = restore_world(dir, &[(10, C), (11, C)]);
+    w.gpu
+        .m()
+        .fail
+        .insert((11, Call::Restore), code::OUT_OF_MEMORY);
+    let mut c = w.backend();
+    c.init(&w.host, Stage::Restore, &ours()).unwrap();
+    assert_eq!(c.resume_devices_late(&w.host, 10), Ok(Verdict::Done(())));
+    let e = c.resume_devices_late(&w.host, 11).unwrap_err().to_string();
+    assert!(e.contains("CRIU_GPU_DEVICE_MAP"), "{e}");
+    assert_eq!(w.tree.0.lock().unwrap().killed, vec![11, 10]);
+}
+
+#[test]
+fn restore_is_refused_before_anything_starts_when_gpus_lack_room() {
+    let dir = dumped(&[(10, R), (11, R)]);
+    let w = restore_world(dir, &[]);
+    w.gpu.m().free = 1 << 30; // the two processes need 2 GiB
+    let e = w
+        .backend()
+        .init(&w.host, Stage::Restore, &ours())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("2.00 GiB") && e.contains("1.00 GiB free"), "{e}");
+}
+
+#[test]
+fn damaged_images_are_refused_with_the_file_name() {
+    let dir = dumped(&[(10, R)]);
+    let w = restore_world(dir.clone(), &[(10, C)]);
+    let mut pages = std::fs::read(dir.join("pages-1.img")).unwrap();
+    pages[100] ^= 0xff;
+    std::fs::write(dir.join("pages-1.img"), &pages).unwrap();
+    let e = w
+        .backend()
+        .init(&w.host, Stage::Restore, &ours())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pages-1.img is damaged"), "{e}");
+    std::fs::write(dir.join("pages-1.img"), &pages[..1000]).unwrap();
+    let e = w
+        .backend()
+        .init(&w.host, Stage::Restore, &ours())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pages-1.img is truncated"), "{e}");
+}
+
+#[test]
+fn restore_without_a_driver_names_the_cause() {
+    let dir = dumped(&[(10, R)]);
+    let w = restore_world(dir, &[]);
+    w.guardians.set_machine(Arc::new(NoDriver));
+    let e = w
+        .backend()
+        .init(&w.host, Stage::Restore, &ours())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("CUDA state of 1 process") && e.contains("cannot open"),
+        "{e}"
+    );
+}
+
+#[test]
+fn what_the_inventory_says_decides_whether_the_record_counts() {
+    // A record left over in a reused directory, the image listing plugins but not this one.
+    let dir = dumped(&[(10, R)]);
+    let w = restore_world(dir.clone(), &[]);
+    let stale = Claims {
+        ours: false,
+        listed: true,
+        others: vec![],
+    };
+    let mut c = w.backend();
+    c.init(&w.host, Stage::Restore, &stale).unwrap();
+    assert_eq!(c.resume_devices_late(&w.host, 1), Ok(Verdict::NotMine));
+    assert_eq!(w.guardians.spawned(), 0, "no driver needed");
+    // An image of CRIU < 4.1 (no list) without a record holds no CUDA state.
+    let empty = restore_world(tempfile::tempdir().unwrap().keep(), &[]);
+    let old = Claims {
+        ours: true,
+        listed: false,
+        others: vec![],
+    };
+    let mut c = empty.backend();
+    c.init(&empty.host, Stage::Restore, &old).unwrap();
+    assert_eq!(c.resume_devices_late(&empty.host, 1), Ok(Verdict::NotMine));
+    // The image lists this plugin but the record is gone.
+    let e = empty
+        .backend()
+        .init(&empty.host, Stage::Restore, &ours())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gpu-cuda.json is missing"), "{e}");
+}
+
+#[test]
+fn a_bad_restore_setting_does_not_fail_a_dump() {
+    let w = World::new(&[(10, R)], &[]).set("CRIU_GPU_DEVICE_MAP", "GPU-1=GPU-2");
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    c.exit(&w.host, Stage::Dump, true);
+}
+
+#[test]
+fn criu_dying_mid_restore_kills_the_half_restored_tree() {
+    let dir = dumped(&[(10, R)]);
+    let w = restore_world(dir, &[(10, C)]);
+    let mut c = w.backend();
+    c.init(&w.host, Stage::Restore, &ours()).unwrap();
+    // The guardian tracks what CRIU forks; here it is told directly, as RESUME_DEVICES_LATE does.
+    c.restore_guardian()
+        .unwrap()
+        .order(&crate::guardian::proto::Order::Restoring {
+            tree: vec![(10, 1)],
+        })
+        .unwrap();
+    std::mem::forget(c);
+    w.guardians.criu_dies();
+    wait_for("the tree is killed", || w.gpu.m().dead.contains(&10));
+    let rec = w.gpu.m().record.join("\n");
+    assert!(rec.contains("in the middle of a restore"), "{rec}");
+}
+
+#[test]
+fn a_restored_container_without_the_gpus_device_node_is_refused_and_killed() {
+    let dir = dumped(&[(10, R)]);
+    let w = restore_world(dir, &[(10, C)]);
+    w.tree.0.lock().unwrap().no_nodes.insert(10);
+    let mut c = w.backend();
+    c.init(&w.host, Stage::Restore, &ours()).unwrap();
+    let e = err_text(&c.resume_devices_late(&w.host, 10));
+    assert!(
+        e.contains("/dev/nvidia0") && e.contains("nvidia.com/gpu="),
+        "{e}"
+    );
+    assert_eq!(w.tree.0.lock().unwrap().killed, vec![10]);
+    assert!(
+        !w.gpu.m().calls.iter().any(|c| c.starts_with("Restore")),
+        "nothing asked of the driver"
+    );
+}

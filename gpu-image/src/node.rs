@@ -1,0 +1,82 @@
+//! Can this node restore a checkpoint? The plugin's restore checks run outside CRIU: the
+//! image's plugin list, the CUDA record and the image digests, the NVIDIA driver and NVML (loaded
+//! here, in the calling tool), the GPU placement, and the AMD images against this machine's KFD.
+
+use std::path::Path;
+
+use cuda_checkpoint_ctl::driver::Driver;
+use cuda_checkpoint_ctl::inventory::Inventory;
+
+use crate::amd::{self, AmdCheckError};
+use crate::criu_image::{self, CriuImageError};
+use crate::restorable::{self, CudaCheckError, CudaHolds, CudaPlan, Listed, NvidiaNode};
+use crate::settings::Settings;
+use crate::{cuda, restorable::UPSTREAM_PLUGIN};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeCheckError {
+    #[error("{0}")]
+    Image(#[from] CriuImageError),
+    #[error("{0}")]
+    Cuda(#[from] CudaCheckError),
+    #[error("{0}")]
+    Amd(#[from] AmdCheckError),
+}
+
+/// What the checks found.
+#[derive(Debug, Clone, Default)]
+pub struct NodeCheck {
+    /// What the checkpoint holds for CUDA, and where it would go here.
+    pub cuda: Option<(CudaHolds, CudaPlan)>,
+    /// Each AMD image and its GPUs here.
+    pub amd: Vec<amd::Matched>,
+}
+
+/// What the image's inventory lists (CRIU >= 4.1).
+pub fn listed(dir: &Path) -> Result<(Listed, bool), CriuImageError> {
+    let plugins = match criu_image::inventory_plugins(dir) {
+        Ok(p) => p,
+        // A directory of plugin records alone (a test, or images taken out of an archive).
+        Err(CriuImageError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let names = plugins.clone().unwrap_or_default();
+    let has = |n: &str| names.iter().any(|p| p == n);
+    Ok((
+        Listed {
+            list: plugins.is_some(),
+            ours: has(cuda::INVENTORY_NAME),
+            upstream: has(UPSTREAM_PLUGIN),
+        },
+        has(amd::INVENTORY_NAME),
+    ))
+}
+
+/// Runs every restore check against the image directory `dir`. `complete`: it holds every image
+/// file (not the few taken out of an archive), so their digests are checked too.
+pub fn check(dir: &Path, complete: bool) -> Result<NodeCheck, NodeCheckError> {
+    let settings = Settings::load();
+    let (listed, amd_listed) = listed(dir)?;
+    let mut out = NodeCheck::default();
+    if let Some(holds) = restorable::holds(dir, listed)? {
+        let placement = restorable::placement(&settings)?;
+        if let (CudaHolds::Record(img), true) = (&holds, complete) {
+            restorable::verify_digests(img, dir, &settings)?;
+        }
+        let driver = Driver::load(None).map_err(|e| e.to_string());
+        let inventory = Inventory::query(None).map_err(|e| e.to_string());
+        let node = NvidiaNode {
+            driver: driver.as_ref().map(|d| d.info()).map_err(String::as_str),
+            inventory: inventory.as_ref().map_err(String::as_str),
+        };
+        let plan = restorable::check_node(&holds, node, &placement)?;
+        out.cuda = Some((holds, plan));
+    }
+    let kfd = amd_kfd::device::detect();
+    if let Some(m) = amd::check(dir, amd_listed, kfd.as_deref())? {
+        out.amd = m;
+    }
+    Ok(out)
+}
