@@ -25,6 +25,7 @@ use rustix::thread::futex;
 use crate::errors::code;
 use crate::fault::Fault;
 use crate::ofd;
+pub use crate::op::Op;
 
 pub const MEMFD_NAME: &str = "cuda-sim-ctl";
 /// How the fd shows in /proc/PID/fd.
@@ -48,41 +49,6 @@ pub mod state {
     pub const LOCKED: u32 = 1;
     pub const CHECKPOINTED: u32 = 2;
     pub const FAILED: u32 = 3;
-}
-
-/// Requested actions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Op {
-    Lock = 1,
-    Checkpoint = 2,
-    Restore = 3,
-    Unlock = 4,
-    /// GetState: the driver's helper thread answers it too (F11).
-    State = 5,
-}
-
-impl Op {
-    pub fn from_raw(v: u32) -> Option<Op> {
-        Some(match v {
-            1 => Op::Lock,
-            2 => Op::Checkpoint,
-            3 => Op::Restore,
-            4 => Op::Unlock,
-            5 => Op::State,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Lock => "lock",
-            Op::Checkpoint => "checkpoint",
-            Op::Restore => "restore",
-            Op::Unlock => "unlock",
-            Op::State => "state",
-        }
-    }
 }
 
 /// Request slot states.

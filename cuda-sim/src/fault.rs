@@ -14,8 +14,8 @@
 //! | `delay:MS` | the action takes MS milliseconds longer (it changes the state at its end) |
 //! | `stop` | after a successful lock the process stops itself with SIGSTOP (a Ctrl-Z between a lock and CRIU's seize) |
 
-use crate::control::Op;
 use crate::errors;
+use crate::op::Op;
 
 pub const FAULT_ENV: &str = "CUDA_SIM_FAULT";
 

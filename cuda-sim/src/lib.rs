@@ -15,6 +15,7 @@ pub mod fault;
 pub mod gpud;
 pub mod nvml;
 pub mod ofd;
+pub mod op;
 pub mod proto;
 pub mod shm;
 pub mod target;
