@@ -1,0 +1,147 @@
+//! The first CHECKPOINT_DEVICES: every CUDA process of the tree checkpointed at once, after
+//! checking that each is seized by CRIU and was not stopped since its lock.
+
+use std::time::{Duration, Instant};
+
+use cuda_checkpoint_ctl::driver::ProcessState;
+
+use criu_gpu_image::cuda::Usage;
+
+use super::{Dump, Phase, Proc};
+use crate::backends::cuda::error::{ActionFailure, DumpError, Held, Who};
+use crate::backends::cuda::{action_limit, gib};
+use crate::core::{HookError, HookResult, Host, ThreadWindow, Verdict};
+use crate::guardian::proto::Act;
+
+impl Dump {
+    pub fn checkpoint(&mut self, host: &dyn Host, pid: i32) -> HookResult {
+        let Phase::Paused(tree) = &mut self.phase else {
+            return Ok(Verdict::NotMine);
+        };
+        if !tree.cuda.iter().any(|p| p.who.pid == pid) {
+            return Ok(Verdict::NotMine);
+        }
+        if let Some(done) = &tree.checkpoint {
+            return done.clone().map(Verdict::Done).map_err(HookError::Backend);
+        }
+        let result = self.checkpoint_all(host);
+        if let Phase::Paused(tree) = &mut self.phase {
+            tree.checkpoint = Some(result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        }
+        result.map(Verdict::Done)
+    }
+
+    fn checkpoint_all(&mut self, host: &dyn Host) -> Result<(), HookError> {
+        let criu = host.criu_pid();
+        let Phase::Paused(tree) = &mut self.phase else {
+            return Ok(());
+        };
+        let inventory_seq = self.link.inventory.take();
+        let g = self.link.started()?;
+        let procs = &*self.ctx.procs;
+        for p in &tree.cuda {
+            if procs.tracer(p.who.pid) != criu {
+                return Err(HookError::gpu(DumpError::NotSeized(p.who.clone())));
+            }
+            if let Some(signal) = host.threads().seized_stop_signal(p.who.pid) {
+                return Err(HookError::gpu(DumpError::StoppedDuringDump {
+                    who: p.who.clone(),
+                    signal,
+                }));
+            }
+            if let Some(held @ Held::Frozen { .. }) = procs.held(p.who.pid, Some(p.tid), criu) {
+                return Err(HookError::gpu(DumpError::Held {
+                    who: p.who.clone(),
+                    held,
+                }));
+            }
+        }
+        // NVML's answer (asked when the guardian started): GPU memory per process, all GPUs.
+        if let Some(seq) = inventory_seq {
+            let within = Instant::now() + Duration::from_secs(10);
+            g.wait_all(&[seq], within, &mut || {})?;
+            match g.take_inventory(seq) {
+                Some(Ok(inv)) => tree.inventory = Some(inv),
+                Some(Err(e)) => tracing::info!("NVML unavailable, GPU usage not recorded: {e}"),
+                None => tracing::info!("NVML did not answer in 10 s; GPU usage not recorded"),
+            }
+        }
+        if let Some(inv) = &tree.inventory {
+            for p in &mut tree.cuda {
+                p.usage = inv
+                    .usage_of(p.who.pid)
+                    .into_iter()
+                    .map(|u| Usage {
+                        uuid: u.gpu,
+                        memory: u.memory,
+                    })
+                    .collect();
+            }
+        }
+        let todo: Vec<&Proc> = tree
+            .cuda
+            .iter()
+            .filter(|p| p.initial != ProcessState::Checkpointed)
+            .collect();
+        let bytes: u64 = todo
+            .iter()
+            .flat_map(|p| p.usage.iter().filter_map(|u| u.memory))
+            .sum();
+        let settings = &self.ctx.settings;
+        let limit = action_limit(settings, tree.inventory.is_some().then_some(bytes))?;
+        let parallel = settings.flag("CRIU_GPU_PARALLEL")?.unwrap_or(true);
+        let start = Instant::now();
+        let threads: Vec<(i32, i32)> = todo.iter().map(|p| (p.who.pid, p.tid)).collect();
+        let (mut window, failed) = ThreadWindow::open(host.threads(), &threads);
+        if !failed.is_empty() {
+            let why: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
+            return Err(HookError::gpu(DumpError::Threads(why.join("; "))));
+        }
+        let until = start + limit;
+        let mut seqs = Vec::new();
+        for p in &todo {
+            let seq = g.act(p.who.pid, Act::Checkpoint)?;
+            if !parallel {
+                g.wait_all(&[seq], until, &mut || window.watch())?;
+            }
+            seqs.push(seq);
+        }
+        g.wait_all(&seqs, until, &mut || window.watch())?;
+        let stopped = window.stop_signal();
+        for e in window.close() {
+            tracing::error!("{e}");
+        }
+        if let Some((pid, signal)) = stopped {
+            let who = Who {
+                pid,
+                comm: procs.comm(pid),
+            };
+            return Err(HookError::gpu(DumpError::StoppedDuringDump { who, signal }));
+        }
+        let mut failures = Vec::new();
+        for (p, seq) in todo.iter().zip(&seqs) {
+            let failure = match g.take(*seq) {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) if e.code == cuda_checkpoint_ctl::driver::code::OPERATING_SYSTEM => {
+                    ActionFailure::Died
+                }
+                Some(Err(e)) => ActionFailure::Driver(e),
+                None => ActionFailure::Stuck { limit },
+            };
+            failures.push((p.who.clone(), failure));
+        }
+        if !failures.is_empty() {
+            return Err(HookError::gpu(DumpError::Checkpoints { failures }));
+        }
+        let secs = start.elapsed().as_secs_f64();
+        tracing::info!(
+            "checkpointed {} CUDA process(es), {:.2} GiB of device memory, in {secs:.2} s \
+             ({:.2} GB/s)",
+            todo.len(),
+            gib(bytes),
+            bytes as f64 / 1e9 / secs.max(1e-9)
+        );
+        self.write_record(host, Vec::new())?;
+        Ok(())
+    }
+}

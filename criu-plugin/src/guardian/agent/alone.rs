@@ -1,0 +1,164 @@
+//! When CRIU is gone before the plugin's `exit` settled everything: what the guardian does alone,
+//! and the lines it leaves in syslog and the image directory.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{Agent, Phase, MAX_ALONE};
+use crate::guardian::proto::{Level, Outcome, Returned, Watch};
+
+impl Agent {
+    /// CRIU ended before the plugin had settled everything.
+    pub(super) fn criu_gone(&mut self) {
+        self.out.close();
+        let criu = self.criu_pid;
+        match (self.watch, self.phase) {
+            (Watch::Restore, Phase::Working) => {
+                for &pid in &self.expected {
+                    if let Some(st) = self.machine.started_since_me(pid) {
+                        self.tree.insert((pid, st));
+                    }
+                }
+                let alive: Vec<(i32, u64)> = self
+                    .tree
+                    .iter()
+                    .copied()
+                    .filter(|(p, st)| self.machine.alive(*p, *st))
+                    .collect();
+                if alive.is_empty() {
+                    return;
+                }
+                self.out.log(
+                    Level::Error,
+                    format!(
+                        "CRIU (pid {criu}) ended in the middle of a restore, before the GPU state \
+                         was back: killing the half-restored processes {}; the images are \
+                         unchanged: restore again",
+                        pids(&alive)
+                    ),
+                );
+                for (pid, _) in alive.iter().rev() {
+                    self.machine.kill(*pid);
+                }
+            }
+            (Watch::Restore, _) => {}
+            (_, Phase::RolledBack) if self.settled.load(Ordering::SeqCst) => {}
+            (_, Phase::RolledBack) => {
+                // The rollback the plugin asked for is already queued: see it through.
+                self.finish_alone("after the dump failed or the tasks were to keep running");
+            }
+            (_, Phase::Committed) => {
+                let alive: Vec<i32> = self
+                    .tracked
+                    .iter()
+                    .filter(|(p, t)| self.machine.alive(**p, t.starttime))
+                    .map(|(p, _)| *p)
+                    .collect();
+                if !alive.is_empty() {
+                    self.finish_alone(
+                        "after a dump CRIU called successful, the dumped processes were left \
+                         running (a failed post-dump script makes CRIU resume them)",
+                    );
+                }
+            }
+            _ => {
+                if self.tracked.values().any(|t| t.touched) {
+                    self.finish_alone("in the middle of a dump");
+                }
+            }
+        }
+    }
+
+    /// Rolls every process back without CRIU, and records what happened.
+    pub(super) fn finish_alone(&mut self, when: &str) {
+        let criu = self.criu_pid;
+        let names: Vec<(i32, u64)> = self
+            .tracked
+            .iter()
+            .map(|(p, t)| (*p, t.starttime))
+            .collect();
+        self.out.log(
+            Level::Error,
+            format!(
+                "CRIU (pid {criu}) ended {when}; returning the CUDA processes {} to their state \
+                 before the dump",
+                pids(&names)
+            ),
+        );
+        // Already queued rollbacks report to the plugin's (closed) link; queue fresh ones so
+        // their outcomes come here. A second rollback of a process already back does nothing.
+        for t in self.tracked.values_mut() {
+            t.rolled_back = false;
+        }
+        let rx = self.roll_back_all();
+        let started = Instant::now();
+        let mut left: BTreeMap<i32, String> = self
+            .tracked
+            .iter()
+            .map(|(p, t)| (*p, t.comm.clone()))
+            .collect();
+        while !left.is_empty() {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(o) => {
+                    left.remove(&o.pid);
+                    self.out.log(o.level(), o.line());
+                }
+                Err(_) if started.elapsed() > MAX_ALONE => {
+                    self.out.log(
+                        Level::Error,
+                        format!(
+                            "giving up after {} s: processes {:?} still have a GPU action in \
+                             flight (stopped, or the GPU hangs); once they can run: \
+                             `cuda-checkpoint-ctl --recover --pid PID`",
+                            MAX_ALONE.as_secs(),
+                            left
+                        ),
+                    );
+                    return;
+                }
+                Err(_) => self.out.log(
+                    Level::Warn,
+                    format!(
+                        "still waiting for a GPU action in flight on {:?} (a process that cannot \
+                         run, or a GPU that does not answer)",
+                        left
+                    ),
+                ),
+            }
+        }
+    }
+}
+
+fn pids(list: &[(i32, u64)]) -> String {
+    list.iter()
+        .map(|(p, _)| p.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Outcome {
+    pub(super) fn level(&self) -> Level {
+        if self.result.is_ok() {
+            Level::Info
+        } else {
+            Level::Error
+        }
+    }
+
+    /// One line for the logs.
+    pub fn line(&self) -> String {
+        let (pid, comm) = (self.pid, &self.comm);
+        match &self.result {
+            Ok(Returned::To(s)) => {
+                format!("process {pid} ({comm}) returned to its state before the dump ({s})")
+            }
+            Ok(Returned::Gone) => format!("process {pid} ({comm}) has exited; nothing to return"),
+            Ok(Returned::Untouched) => format!("process {pid} ({comm}) was not changed"),
+            Err(e) => format!(
+                "process {pid} ({comm}) could not be returned to its state before the dump: {e}; \
+                 when it can run, try `cuda-checkpoint-ctl --recover --pid {pid}`"
+            ),
+        }
+    }
+}
