@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::driver::{Call, CudaError, LoadError, ParseError, ProcessState};
 use crate::placement::PlacementError;
+use crate::process::Hold;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -32,14 +33,24 @@ pub enum Error {
         state: ProcessState,
         why: &'static str,
     },
-    #[error("{}", no_answer(*call, *pid, comm, *waited, *stopped))]
+    /// The process's CUDA driver thread cannot run, so the driver would wait for it without
+    /// limit (docs/driver-facts.md, F2, F11): refused before any call.
+    #[error(
+        "process {pid} ({comm}) {}; the driver would wait for it without limit, so nothing was \
+         asked of it: {}, then try again",
+        held_words(*pid, hold).0,
+        held_words(*pid, hold).1
+    )]
+    Held { pid: i32, comm: String, hold: Hold },
+    /// A driver call given up on: it goes on in the driver, and an action may still land.
+    #[error("{}", no_answer(*call, *pid, comm, *waited, held.as_ref()))]
     NoAnswer {
         call: Call,
         pid: i32,
         comm: String,
         waited: Duration,
-        /// The process was stopped (signal, debugger, frozen cgroup) when we gave up.
-        stopped: bool,
+        /// What held the process when we gave up, if anything did.
+        held: Option<Hold>,
     },
     #[error(
         "GPU work in process {pid} ({comm}) did not finish within {timeout_ms} ms; raise --timeout"
@@ -93,23 +104,59 @@ impl Error {
     }
 }
 
-fn no_answer(call: Call, pid: i32, comm: &str, waited: Duration, stopped: bool) -> String {
-    let acts = !matches!(call, Call::GetState | Call::GetRestoreThreadId);
-    let why = if stopped {
-        format!(
-            "the process is stopped (a signal, a debugger or a frozen cgroup), so its driver \
-             thread cannot run: let it continue (kill -CONT {pid}, or thaw its cgroup), then \
-             run --recover"
-        )
-    } else if acts {
-        "an action is in progress on it (a large checkpoint takes a while; a hung GPU never \
-         ends): raise --wait; an action the driver took goes on after this tool exits, so run \
-         --recover once it is done"
-            .to_owned()
-    } else {
-        "an action is in progress on it (a large checkpoint takes a while; a hung GPU never \
-         ends): raise --wait"
-            .to_owned()
+/// What holds process `pid` (a clause after "process P (comm)"), and how to let it go.
+fn held_words(pid: i32, hold: &Hold) -> (String, String) {
+    match hold {
+        Hold::Stopped => (
+            "is stopped (SIGSTOP, Ctrl-Z), so the CUDA driver's thread in it cannot run".into(),
+            format!("continue it (kill -CONT {pid})"),
+        ),
+        Hold::Traced {
+            tid,
+            tracer,
+            tracer_comm,
+        } => (
+            format!(
+                "has its CUDA driver thread {tid} held in a ptrace stop by process {tracer} \
+                 ({tracer_comm})"
+            ),
+            "detach that debugger or tracer (gdb: detach), or end it".into(),
+        ),
+        Hold::Frozen(freezer) => {
+            let (file, value) = freezer.thaw();
+            (
+                format!(
+                    "is in the frozen cgroup {}, so the CUDA driver's thread in it cannot run",
+                    freezer.cgroup.display()
+                ),
+                format!("thaw it (echo {value} > {})", file.display()),
+            )
+        }
+    }
+}
+
+fn no_answer(call: Call, pid: i32, comm: &str, waited: Duration, held: Option<&Hold>) -> String {
+    let recover = format!(
+        "the call was not cancelled and may still take effect{}: then `cuda-checkpoint-ctl \
+         --recover --pid {pid}` brings the process back to running (it waits for the call to end)",
+        if held.is_some() { " once it runs" } else { "" }
+    );
+    let why = match (held, call.acts()) {
+        (Some(h), true) => {
+            let (what, fix) = held_words(pid, h);
+            format!("the process {what}; {fix}; {recover}")
+        }
+        (Some(h), false) => {
+            let (what, fix) = held_words(pid, h);
+            format!("the process {what}; {fix}, then try again (nothing was changed)")
+        }
+        (None, true) => format!(
+            "an action is in progress on it (a large checkpoint takes a while; a hung GPU never \
+             ends): raise --wait; {recover}"
+        ),
+        (None, false) => "an action is in progress on it (a large checkpoint takes a while; a \
+                          hung GPU never ends): raise --wait"
+            .into(),
     };
     format!(
         "the driver did not finish {call} on process {pid} ({comm}) within {:.1} s: {why}",
@@ -130,34 +177,74 @@ fn pid_list(pids: &[i32]) -> String {
 mod tests {
     use super::*;
 
-    fn no_answer(call: Call, stopped: bool) -> String {
+    fn no_answer(call: Call, held: Option<Hold>) -> String {
         Error::NoAnswer {
             call,
             pid: 42,
             comm: "train".into(),
             waited: Duration::from_millis(1500),
-            stopped,
+            held,
         }
         .to_string()
     }
 
     #[test]
-    fn a_call_without_answer_says_why_and_what_to_do() {
-        let stopped = no_answer(Call::Lock, true);
+    fn a_call_without_answer_says_why_and_what_may_still_happen() {
+        let stopped = no_answer(Call::Lock, Some(Hold::Stopped));
         assert!(
             stopped.contains("process 42 (train) within 1.5 s")
-                && stopped.contains("kill -CONT 42"),
+                && stopped.contains("kill -CONT 42")
+                && stopped.contains("may still take effect once it runs")
+                && stopped.contains("cuda-checkpoint-ctl --recover --pid 42"),
             "{stopped}"
         );
-        let busy = no_answer(Call::Checkpoint, false);
+        let busy = no_answer(Call::Checkpoint, None);
         assert!(
-            busy.contains("raise --wait") && busy.contains("--recover"),
+            busy.contains("raise --wait") && busy.contains("--recover --pid 42"),
             "{busy}"
         );
-        let state = no_answer(Call::GetState, false);
+        for state in [
+            no_answer(Call::GetState, None),
+            no_answer(Call::GetState, Some(Hold::Stopped)),
+        ] {
+            assert!(
+                !state.contains("--recover"),
+                "reading the state leaves nothing to undo: {state}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_held_process_is_refused_with_the_way_to_free_it() {
+        let held = |hold| {
+            Error::Held {
+                pid: 42,
+                comm: "train".into(),
+                hold,
+            }
+            .to_string()
+        };
+        let traced = held(Hold::Traced {
+            tid: 43,
+            tracer: 7,
+            tracer_comm: "gdb".into(),
+        });
         assert!(
-            !state.contains("--recover"),
-            "reading the state leaves nothing to undo"
+            traced.starts_with(
+                "process 42 (train) has its CUDA driver thread 43 held in a ptrace \
+                                stop by process 7 (gdb)"
+            ) && traced.contains("nothing was asked")
+                && traced.contains("detach"),
+            "{traced}"
+        );
+        let frozen = held(Hold::Frozen(crate::process::Freezer {
+            cgroup: "/sys/fs/cgroup/pod".into(),
+            version: crate::process::CgroupVersion::V2,
+        }));
+        assert!(
+            frozen.contains("in the frozen cgroup /sys/fs/cgroup/pod")
+                && frozen.contains("echo 0 > /sys/fs/cgroup/pod/cgroup.freeze"),
+            "{frozen}"
         );
     }
 

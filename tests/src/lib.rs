@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 pub mod amd;
 pub mod containerd;
 pub mod criu;
+pub mod held;
 pub mod kube;
 pub mod podman;
 
@@ -317,13 +318,27 @@ impl Sim {
             .expect("start cuda-checkpoint-ctl")
     }
 
+    /// Starts `driver-call ARGS`: one driver call without cuda-checkpoint-ctl's checks (which
+    /// refuse a process whose driver thread cannot run), to see what the driver itself does.
+    pub fn driver_spawn(&self, args: &[&str]) -> Child {
+        Command::new(artifact("driver-call"))
+            .args(args)
+            .envs(self.env())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start driver-call")
+    }
+
     /// Waits until an action is pending or running on `pid`: its state cannot be read then
-    /// (docs/driver-facts.md, F4). On a running process the driver takes a request at once, so
-    /// after this a controller that dies no longer takes its action with it.
+    /// (docs/driver-facts.md, F4; nor while the process cannot run, F11). On a running process
+    /// the driver takes a request at once, so after this a controller that dies no longer takes
+    /// its action with it.
     pub fn wait_busy(&self, pid: i32) -> bool {
         let p = pid.to_string();
         wait_until(Duration::from_secs(10), || {
-            let probe = self.ctl_spawn(&["--get-state", "--pid", &p], &[]);
+            let probe = self.driver_spawn(&["state", &p]);
             finish_within(probe, Duration::from_millis(150)).is_none()
         })
     }

@@ -1,6 +1,7 @@
 //! cuda-checkpoint-ctl against the simulated driver: the cuda-checkpoint command line, the
 //! driver's state machine and errors, group operations, rollback. The measured driver facts
-//! (docs/driver-facts.md), recovery, messages and device maps have modules of their own.
+//! (docs/driver-facts.md), held processes and bounded waits, recovery, messages and device maps
+//! have modules of their own.
 
 use std::time::Duration;
 
@@ -9,6 +10,8 @@ use nix::sys::signal::Signal;
 
 #[path = "cli/facts.rs"]
 mod facts;
+#[path = "cli/held.rs"]
+mod held;
 #[path = "cli/messages.rs"]
 mod messages;
 #[path = "cli/placement.rs"]

@@ -8,10 +8,18 @@ use cuda_checkpoint_ctl::driver::Call;
 
 const AFTER_HELP: &str = "\
 Compatible with NVIDIA's cuda-checkpoint: with --pid, the operations print the same words and
-exit with the same status (0, or the CUDA error code), and wait as long as the driver does.
---tree, --cgroup and --all act on every CUDA process found there, concurrently; a --suspend or
---toggle that fails for one of them puts the others back (unless --no-rollback). There, and in
---recover, no driver call waits longer than --wait.
+exit with the same status (0, or the CUDA error code modulo 256). --tree, --cgroup and --all act
+on every CUDA process found there, concurrently; a --suspend or --toggle that fails for one of
+them puts the others back (unless --no-rollback).
+
+Every command is bounded (NVIDIA's tool can wait for ever). The driver needs a process's CUDA
+driver thread to run and waits for it without limit, so a process that is stopped (SIGSTOP,
+Ctrl-Z), held in a ptrace stop by a debugger, or in a frozen cgroup is refused before the driver
+is called, with the way to free it; with --pid the exit status is then CUDA_ERROR_NOT_READY (600,
+status 88: nothing was done). A driver call that does not return within --wait seconds (default
+600; 2 per process for --list), or whose process stays held for 2 s meanwhile, is given up on:
+with --pid the status is CUDA_ERROR_TIMEOUT (909, status 141), and an action given up on may
+still take effect; cuda-checkpoint-ctl --recover --pid P then brings the process back to running.
 
 --device-map takes OLD=NEW pairs of GPU UUIDs, partial or complete, or 'auto': the driver needs
 every GPU it saw at checkpoint placed on a GPU of its own, so the map is completed with this
@@ -20,7 +28,11 @@ machine's GPUs (unnamed GPUs stay where they are, or take a free GPU of the same
 Environment: CUDA_CKPT_LIBCUDA and CUDA_CKPT_LIBNVML name the driver and NVML libraries
 (defaults libcuda.so.1 and libnvidia-ml.so.1); CUDA_CKPT_LOG sets the log filter.";
 
-/// Seconds any one driver call may take in group operations and --recover.
+/// Seconds any one driver call may take (--wait). Long enough for the largest legitimate action
+/// (a checkpoint of a full 141 GB H200 at the slowest rate measured, 0.56 GB/s: about 250 s; the
+/// plugin allows 60 s + 2 s per GiB), so that no script sees a working checkpoint cut short,
+/// yet a hung GPU does not block its caller for ever. A held process is refused at once and one
+/// held during a call is given up on after 2 s, so the common hangs end long before this.
 pub const DEFAULT_WAIT_S: u64 = 600;
 /// Seconds a listing waits for each process's state.
 pub const LIST_WAIT_S: u64 = 2;
@@ -88,8 +100,8 @@ pub struct Args {
     /// or 'auto'.
     #[arg(short, long, value_name = "MAP")]
     pub device_map: Option<String>,
-    /// The longest one driver call may take in group operations and --recover, in seconds
-    /// [default: 600; 2 for listings].
+    /// The longest one driver call may take, in seconds; an action given up on may still take
+    /// effect (then --recover) [default: 600; 2 per process for listings].
     #[arg(long, value_name = "SECONDS")]
     pub wait: Option<u64>,
     /// Print JSON (errors too, on stdout).

@@ -19,9 +19,21 @@ fn list_wait(args: &Args) -> Duration {
     Duration::from_secs(args.wait.unwrap_or(LIST_WAIT_S))
 }
 
-/// The state column: the driver's word, or why there is none.
-fn state_word(s: Option<ProcessState>) -> &'static str {
-    s.map_or("busy", |s| s.as_str())
+/// The state column: the driver's word, or why there is none ("held": the process cannot
+/// run, so it was not asked; "busy": no answer in time).
+fn state_word(p: &CudaProcess) -> &'static str {
+    match (p.state, &p.held) {
+        (Some(s), _) => s.as_str(),
+        (None, Some(_)) => "held",
+        (None, None) => "busy",
+    }
+}
+
+/// Says why each held process was not asked (text mode; JSON has it in "held").
+fn warn_held(processes: &[CudaProcess]) {
+    for held in processes.iter().filter_map(|p| p.held.as_deref()) {
+        tracing::warn!("{held}");
+    }
 }
 
 /// Reports processes that could not be inspected; true if there were any.
@@ -119,11 +131,12 @@ fn states(args: &Args, driver: &Driver, survey: &Survey) -> i32 {
     } else {
         for p in &survey.processes {
             if args.get_state {
-                print::line(&format!("{} {}", p.pid, state_word(p.state)));
+                print::line(&format!("{} {}", p.pid, state_word(p)));
             } else {
                 print::line(&format!("{} {}", p.pid, p.restore_tid));
             }
         }
+        warn_held(&survey.processes);
     }
     if report_denied(args, survey) {
         EXIT_FAILURE
@@ -179,9 +192,10 @@ pub fn list(args: &Args, driver: &Driver, target: &Selector) -> Result<i32, Erro
         json!({
             "pid": p.pid,
             "comm": p.comm,
-            "state": state_word(p.state),
+            "state": state_word(p),
             "restore_tid": p.restore_tid,
             "gpus": usage,
+            "held": p.held,
         })
     };
     let rows: Vec<_> = survey.processes.iter().map(row).collect();
@@ -210,7 +224,7 @@ pub fn list(args: &Args, driver: &Driver, target: &Selector) -> Result<i32, Erro
                 "{:>8} {:<16} {:<13} {:>11}  {}",
                 p.pid,
                 p.comm,
-                state_word(p.state),
+                state_word(p),
                 p.restore_tid,
                 if mem.is_empty() {
                     "-".into()
@@ -219,10 +233,15 @@ pub fn list(args: &Args, driver: &Driver, target: &Selector) -> Result<i32, Erro
                 }
             ));
         }
-        if survey.processes.iter().any(|p| p.state.is_none()) {
+        warn_held(&survey.processes);
+        if survey
+            .processes
+            .iter()
+            .any(|p| p.state.is_none() && p.held.is_none())
+        {
             tracing::warn!(
-                "busy: the driver did not give the state within {} s (an action is in progress, \
-                 or waits for a stopped process); --wait SECONDS waits longer",
+                "busy: the driver did not give the state within {} s (an action is in \
+                 progress); --wait SECONDS waits longer",
                 list_wait(args).as_secs()
             );
         }

@@ -11,9 +11,9 @@ use std::time::Duration;
 use clap::Parser;
 use serde_json::json;
 
-use cuda_checkpoint_ctl::driver::{Call, DeviceMap, Driver};
+use cuda_checkpoint_ctl::driver::{code, Call, DeviceMap, Driver};
 use cuda_checkpoint_ctl::inventory::Inventory;
-use cuda_checkpoint_ctl::ops::{self, Goal, Options, Outcome};
+use cuda_checkpoint_ctl::ops::{self, Goal, Options};
 use cuda_checkpoint_ctl::placement::{self, Request};
 use cuda_checkpoint_ctl::process::Selector;
 use cuda_checkpoint_ctl::Error;
@@ -174,8 +174,10 @@ fn device_map(args: &Args, goal: &Goal) -> Result<DeviceMap, Error> {
     Ok(placed.driver_map())
 }
 
-/// `cuda-checkpoint` behaviour: one process, terse output, the CUDA error as exit status. Only
-/// --recover (not an NVIDIA operation) bounds its waits and explains its errors in full.
+/// `cuda-checkpoint` behaviour: one process, terse output, the CUDA error as exit status, except
+/// that every wait is bounded: a held process is refused and a call that does not return within
+/// --wait is given up on (NVIDIA's tool waits for ever). --recover (not an NVIDIA operation)
+/// explains its errors in full.
 fn single(
     args: &Args,
     driver: &Driver,
@@ -184,6 +186,13 @@ fn single(
     mut opts: Options,
 ) -> Result<i32, Error> {
     let compat = !args.recover;
+    let status = |e: &Error| {
+        if compat {
+            compat_status(e)
+        } else {
+            e.cuda().map_or(EXIT_FAILURE, |c| c.code as i32)
+        }
+    };
     let report = |verb: &str, e: &Error| -> i32 {
         if args.json {
             print::json(&json!({"pid": pid, "error": e.to_string()}));
@@ -198,38 +207,37 @@ fn single(
                 _ => eprintln!("Error {verb} CUDA in process ID {pid}: \"{e}\""),
             }
         }
-        e.cuda().map_or(EXIT_FAILURE, |c| c.code as i32)
+        status(e)
     };
+    let wait = wait(args);
     if args.get_state {
-        return Ok(match driver.state(pid) {
+        return Ok(match ops::state(driver, pid, wait) {
             Ok(s) if args.json => print_json(json!({"pid": pid, "state": s})),
             Ok(s) => {
                 print::line(s.as_str());
                 0
             }
-            Err(e) => report(Call::GetState.gerund(), &e.into()),
+            Err(e) => report(Call::GetState.gerund(), &e),
         });
     }
     if args.get_restore_tid {
-        return Ok(match driver.restore_thread_id(pid) {
+        return Ok(match ops::restore_thread_id(driver, pid, wait) {
             Ok(t) if args.json => print_json(json!({"pid": pid, "restore_tid": t})),
             Ok(t) => {
                 print::line(&t.to_string());
                 0
             }
-            Err(e) => report(Call::GetRestoreThreadId.gerund(), &e.into()),
+            Err(e) => report(Call::GetRestoreThreadId.gerund(), &e),
         });
     }
     opts.device_map = match device_map(args, goal) {
         Ok(m) => m,
         Err(e) => return Ok(report(gerund(goal), &e)),
     };
-    if *goal == Goal::Recover {
-        opts.wait = Some(wait(args));
-    }
+    opts.wait = Some(wait);
     let outcome = ops::apply(driver, pid, goal, &opts);
     if args.json {
-        let code = outcome_code(&outcome);
+        let code = outcome.error.as_ref().map_or(0, status);
         print::json(&json!({"driver": driver.info(), "processes": [outcome]}));
         return Ok(code);
     }
@@ -237,6 +245,29 @@ fn single(
         None => 0,
         Some(e) => report(gerund(goal), e),
     })
+}
+
+/// The exit status of `cuda-checkpoint`-compatible operations: 0, or a CUDA error code (the
+/// shell sees it modulo 256), as NVIDIA's tool. Where this tool itself stops short of the
+/// driver, it exits with the CUDA code closest in meaning, so that a script that handles the
+/// driver's codes handles these too:
+/// - a held process (stopped, traced, frozen): CUDA_ERROR_NOT_READY (600, status 88). Nothing
+///   was asked and nothing changed, and it can be tried again once the process runs: what the
+///   driver itself answers for a lock that gave up (docs/driver-facts.md, F1).
+/// - a call given up on after --wait: CUDA_ERROR_TIMEOUT (909, status 141), distinct from the
+///   above because the call goes on in the driver and an action may still take effect.
+///
+/// Other failures of the tool (bad map, no NVML) exit 1.
+fn compat_status(e: &Error) -> i32 {
+    let code = match e {
+        Error::Held { .. } => code::NOT_READY,
+        Error::NoAnswer { .. } => code::TIMEOUT,
+        e => match e.cuda() {
+            Some(c) => c.code,
+            None => return EXIT_FAILURE,
+        },
+    };
+    code as i32
 }
 
 /// The gerund NVIDIA's tool prints for an operation.
@@ -247,13 +278,6 @@ fn gerund(goal: &Goal) -> &'static str {
         Goal::Suspend => "suspending",
         Goal::Resume => "resuming",
         Goal::Recover => "recovering",
-    }
-}
-
-fn outcome_code(o: &Outcome) -> i32 {
-    match &o.error {
-        None => 0,
-        Some(e) => e.cuda().map_or(EXIT_FAILURE, |c| c.code as i32),
     }
 }
 

@@ -93,6 +93,11 @@ pub enum Call {
 }
 
 impl Call {
+    /// Whether the call changes the process's checkpoint state (an action, not a question).
+    pub fn acts(&self) -> bool {
+        !matches!(self, Call::GetState | Call::GetRestoreThreadId)
+    }
+
     /// The gerund NVIDIA's tool uses in "Error <gerund> CUDA in process ID ...".
     pub fn gerund(&self) -> &'static str {
         match self {

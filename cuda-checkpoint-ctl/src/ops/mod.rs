@@ -4,6 +4,8 @@
 //! running with its data. Many processes are handled by one thread each: the driver overlaps
 //! calls on different processes, so N processes take about as long as the slowest one. Group
 //! operations bound every driver call ([`Options::wait`]): the driver may wait without limit.
+//! A process whose CUDA driver thread cannot run (stopped, traced, frozen) is refused before
+//! any call that would wait for it ([`Target::ready`]).
 
 mod recover;
 mod target;
@@ -24,9 +26,12 @@ pub struct CudaProcess {
     pub pid: i32,
     pub comm: String,
     pub restore_tid: i32,
-    /// `None` when the driver did not answer in time: an action is in progress on it (or it
-    /// waits for a stopped process).
+    /// `None` when the driver did not answer in time (an action is in progress on it), or was
+    /// not asked because the process is held.
     pub state: Option<ProcessState>,
+    /// Why its driver thread cannot run, and the fix; the state is not asked then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
 }
 
 /// The CUDA processes among a set of pids, and those this user may not inspect.
@@ -108,6 +113,25 @@ fn probe(driver: &Driver, pid: i32, wait: Duration) -> Probe {
         }
         None => 0,
     };
+    let comm = process::name(pid);
+    // A held process would keep its state query waiting: say why instead.
+    if let Some(hold) = (restore_tid > 0)
+        .then(|| target::steady_hold(pid, restore_tid))
+        .flatten()
+    {
+        let held = Error::Held {
+            pid,
+            comm: comm.clone(),
+            hold,
+        };
+        return Probe::Cuda(CudaProcess {
+            pid,
+            comm,
+            restore_tid,
+            state: None,
+            held: Some(held.to_string()),
+        });
+    }
     let state = match driver.within(wait, move |d| d.state(pid)) {
         Some(Ok(s)) => Some(s),
         Some(Err(e)) if denied(&e) => return Probe::Denied,
@@ -119,9 +143,10 @@ fn probe(driver: &Driver, pid: i32, wait: Duration) -> Probe {
     };
     Probe::Cuda(CudaProcess {
         pid,
-        comm: process::name(pid),
+        comm,
         restore_tid,
         state,
+        held: None,
     })
 }
 
@@ -180,6 +205,9 @@ pub struct Outcome {
     pub error: Option<Error>,
     /// Set when the process was suspended but put back because another process failed.
     pub rolled_back: bool,
+    /// The action given up on after the wait: it may still take effect.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub abandoned: Option<Call>,
 }
 
 fn error_text<S: serde::Serializer>(e: &Option<Error>, s: S) -> Result<S::Ok, S::Error> {
@@ -231,28 +259,46 @@ pub fn resume(driver: &Driver, pid: i32, map: &DeviceMap, t: &mut Timings) -> Re
     target.unlock(t)
 }
 
-/// Applies `goal` to one process.
 /// How long the state after an operation is waited for (it is only reported).
 const AFTER_WAIT: Duration = Duration::from_secs(2);
 
+/// The checkpoint state of one process, unless it is held; each call bounded by `wait`.
+pub fn state(driver: &Driver, pid: i32, wait: Duration) -> Result<ProcessState> {
+    let mut target = Target::new(driver, pid, Some(wait));
+    target.ready()?;
+    target.state()
+}
+
+/// The driver's thread in one process, bounded by `wait` (the driver answers at once, F5, even
+/// for a held process: CRIU's C plugin asks while it holds the process).
+pub fn restore_thread_id(driver: &Driver, pid: i32, wait: Duration) -> Result<i32> {
+    Target::new(driver, pid, Some(wait)).restore_thread_id()
+}
+
+/// Applies `goal` to one process.
 pub fn apply(driver: &Driver, pid: i32, goal: &Goal, opts: &Options) -> Outcome {
-    let target = Target::new(driver, pid, opts.wait);
+    let mut target = Target::new(driver, pid, opts.wait);
     let mut t = Timings::default();
     let mut before = None;
-    let result = match goal {
+    let result = target.ready().and_then(|()| match goal {
         Goal::Recover => recover::recover(&target, &opts.device_map, &mut t, &mut before),
         goal => target.state().and_then(|state| {
             before = Some(state);
             transition(&target, state, goal, opts, &mut t)
         }),
-    };
+    });
     let after = match &result {
-        // The driver is still busy with this process: asking again would wait as long.
-        Err(Error::NoAnswer { .. }) => None,
+        // The driver is still busy with this process, or would wait for it: asking again
+        // would wait as long.
+        Err(Error::NoAnswer { .. } | Error::Held { .. }) => None,
         // Only for the report: a process stopped meanwhile gives no answer (F11), so not long.
         _ => driver
             .within(AFTER_WAIT, move |d| d.state(pid))
             .and_then(|r| r.ok()),
+    };
+    let abandoned = match &result {
+        Err(Error::NoAnswer { call, .. }) if call.acts() => Some(*call),
+        _ => None,
     };
     Outcome {
         pid,
@@ -262,6 +308,7 @@ pub fn apply(driver: &Driver, pid: i32, goal: &Goal, opts: &Options) -> Outcome 
         timings: t,
         error: result.err(),
         rolled_back: false,
+        abandoned,
     }
 }
 

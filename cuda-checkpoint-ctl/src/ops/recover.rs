@@ -8,8 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::driver::Call;
-use crate::driver::{code, DeviceMap, ProcessState};
+use crate::driver::{code, Call, DeviceMap, ProcessState};
 use crate::error::{Error, Result};
 use crate::ops::target::Target;
 use crate::ops::Timings;
@@ -84,34 +83,21 @@ fn restore(t: &Target, map: &DeviceMap, tm: &mut Timings) -> Result<()> {
     })
 }
 
-/// The state once no action is in progress (F4), waiting until `deadline` at most.
+/// The state once no action is in progress (F4), waiting until `deadline` at most, or until
+/// the process has stayed held for a while (it cannot finish then).
 fn settled_state(t: &Target, deadline: Option<Instant>) -> Result<ProcessState> {
     let start = Instant::now();
     let pid = t.pid;
     let pending = t.driver.start(move |d| d.state(pid));
-    let left = |now: Instant| deadline.map(|d| d.saturating_duration_since(now));
-    let first_look = left(start).map_or(PATIENCE, |l| l.min(PATIENCE));
+    let first_look = deadline.map_or(PATIENCE, |d| {
+        d.saturating_duration_since(start).min(PATIENCE)
+    });
     if let Some(r) = pending.wait_for(first_look) {
         return Ok(r?);
     }
-    if process::is_stopped(pid) {
-        tracing::warn!(
-            "waiting for an action in progress on process {pid} ({}); the process is stopped, \
-             so it cannot finish until the process continues (kill -CONT {pid})",
-            t.comm
-        );
-    } else {
-        tracing::warn!(
-            "waiting for an action in progress on process {pid} ({})",
-            t.comm
-        );
-    }
-    let answer = match left(Instant::now()) {
-        None => pending.wait(),
-        Some(rest) => pending.wait_for(rest),
-    };
-    match answer {
-        Some(r) => Ok(r?),
-        None => Err(t.no_answer(Call::GetState, start.elapsed())),
-    }
+    tracing::warn!(
+        "waiting for an action in progress on process {pid} ({})",
+        t.comm
+    );
+    t.finish(Call::GetState, pending, start, deadline)
 }

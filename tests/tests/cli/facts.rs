@@ -84,7 +84,8 @@ fn f1_a_lock_that_gives_up_answers_not_ready_and_the_process_runs_on() {
 }
 
 /// F2, F3, F4: a lock of a stopped process waits past its timeout, the state cannot be read
-/// meanwhile, and when the caller dies first the request is dropped.
+/// meanwhile, and when the caller dies first the request is dropped. The driver is called
+/// directly: cuda-checkpoint-ctl refuses a stopped process before calling it (cli/held.rs).
 #[test]
 fn f2_f3_f4_a_stopped_processs_request_waits_and_dies_with_its_caller() {
     let mut sim = Sim::start();
@@ -92,9 +93,9 @@ fn f2_f3_f4_a_stopped_processs_request_waits_and_dies_with_its_caller() {
     let p = pid_s(app.pid);
     signal(app.pid, Signal::SIGSTOP);
     assert!(wait_until(Duration::from_secs(5), || is_stopped(app.pid)));
-    let lock = sim.ctl_spawn(&["--action", "lock", "--pid", &p, "--timeout", "100"], &[]);
+    let lock = sim.driver_spawn(&["lock", &p, "100"]);
     assert!(sim.wait_busy(app.pid));
-    let state = sim.ctl_spawn(&["--get-state", "--pid", &p], &[]);
+    let state = sim.driver_spawn(&["state", &p]);
     std::thread::sleep(Duration::from_millis(700));
     let lock = finish_within(lock, Duration::ZERO);
     assert!(

@@ -1,5 +1,9 @@
 //! Which processes to act on: a pid, a process tree, a cgroup or the whole machine; and the
-//! facts about a process this crate needs from /proc.
+//! facts about a process this crate needs from /proc. The one place that reads /proc.
+
+mod hold;
+
+pub use self::hold::{frozen_cgroup, hold, tgid, CgroupVersion, Freezer, Hold};
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fs;
@@ -163,27 +167,6 @@ pub fn maps_libcuda(pid: i32) -> bool {
     inspect(pid) == Inspection::MapsCuda
 }
 
-/// Stopped by a signal or a debugger, or in a frozen cgroup (v2): its driver thread cannot
-/// run, so driver actions on it wait.
-pub fn is_stopped(pid: i32) -> bool {
-    let stopped = status(pid).is_some_and(|s| s.state.starts_with(['T', 't']));
-    stopped || cgroup_frozen(pid)
-}
-
-fn cgroup_frozen(pid: i32) -> bool {
-    let Ok(cgroups) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-        return false;
-    };
-    cgroups
-        .lines()
-        .filter_map(|l| l.strip_prefix("0::"))
-        .any(|path| {
-            let dir = Path::new(CGROUP_ROOT).join(path.trim_start_matches('/'));
-            fs::read_to_string(dir.join("cgroup.events"))
-                .is_ok_and(|e| e.lines().any(|l| l.trim() == "frozen 1"))
-        })
-}
-
 /// The pid of `pid` inside its own (innermost) pid namespace.
 pub fn ns_pid(pid: i32) -> Option<i32> {
     status(pid)?.nspid?.last().copied()
@@ -262,31 +245,6 @@ pub fn libraries(pid: i32) -> std::io::Result<Libraries> {
     })
 }
 
-/// The cgroup a process is in, when that cgroup (or an ancestor) is frozen: its threads cannot
-/// run until it is thawed. cgroup v2 (`cgroup.events: frozen 1`) and v1 (`freezer.state`).
-pub fn frozen_cgroup(pid: i32) -> Option<PathBuf> {
-    let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    for line in cgroups.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let rel = path.trim_start_matches('/');
-        if controllers.is_empty() {
-            let dir = Path::new(CGROUP_ROOT).join(rel);
-            let events = fs::read_to_string(dir.join("cgroup.events")).unwrap_or_default();
-            if events.lines().any(|l| l.trim() == "frozen 1") {
-                return Some(dir);
-            }
-        } else if controllers.split(',').any(|c| c == "freezer") {
-            let dir = Path::new(CGROUP_ROOT).join("freezer").join(rel);
-            let state = fs::read_to_string(dir.join("freezer.state")).unwrap_or_default();
-            if matches!(state.trim(), "FROZEN" | "FREEZING") {
-                return Some(dir);
-            }
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,7 +285,7 @@ mod tests {
         assert!(!maps_libcuda(me));
         assert_eq!(inspect(me), Inspection::NoCuda);
         assert_eq!(inspect(i32::MAX), Inspection::Gone);
-        assert!(!is_stopped(me));
+        assert_eq!(hold(me, me), None);
     }
 
     #[test]
@@ -341,7 +299,7 @@ mod tests {
         assert!(sent.success());
         let seen = (0..100).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
-            is_stopped(pid)
+            hold(pid, pid) == Some(Hold::Stopped)
         });
         child.kill().unwrap();
         child.wait().unwrap();
