@@ -12,21 +12,16 @@ pub enum Error {
     Driver(#[from] LoadError),
     #[error(transparent)]
     Cuda(#[from] CudaError),
-    #[error("process {0} does not exist")]
-    NoSuchProcess(i32),
+    #[error(transparent)]
+    Select(#[from] crate::process::SelectError),
     #[error("process {pid} holds no CUDA state ({reason})")]
     NotCuda { pid: i32, reason: String },
-    #[error("cgroup {path}: {reason}")]
-    Cgroup { path: String, reason: String },
     #[error(transparent)]
     DeviceMap(#[from] ParseError),
     #[error(transparent)]
     Placement(#[from] PlacementError),
-    #[error(
-        "NVML ({library}) cannot be used: {reason}; install the NVIDIA driver's NVML \
-         (libnvidia-ml.so.1), or name it with --nvml PATH or CUDA_CKPT_LIBNVML=PATH"
-    )]
-    Nvml { library: String, reason: String },
+    #[error(transparent)]
+    Nvml(#[from] crate::inventory::NvmlError),
     #[error("process {pid} is {state}, {why}")]
     WrongState {
         pid: i32,

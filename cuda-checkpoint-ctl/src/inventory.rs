@@ -6,7 +6,6 @@ use nvml_wrapper::Nvml;
 use serde::{Deserialize, Serialize};
 
 use crate::driver::GpuUuid;
-use crate::error::{Error, Result};
 
 /// The environment variable that names the NVML library (a path or a soname).
 pub const LIBNVML_ENV: &str = "CUDA_CKPT_LIBNVML";
@@ -43,15 +42,26 @@ pub struct Inventory {
     pub processes: Vec<GpuUsage>,
 }
 
+/// NVML cannot be used: which library, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "NVML ({library}) cannot be used: {reason}; install the NVIDIA driver's NVML \
+     (libnvidia-ml.so.1), or name it with --nvml PATH or CUDA_CKPT_LIBNVML=PATH"
+)]
+pub struct NvmlError {
+    pub library: String,
+    pub reason: String,
+}
+
 impl Inventory {
     /// Reads the machine's GPUs from `library`, else `$CUDA_CKPT_LIBNVML`, else the system NVML.
-    pub fn query(library: Option<&str>) -> Result<Inventory> {
+    pub fn query(library: Option<&str>) -> Result<Inventory, NvmlError> {
         let env = std::env::var(LIBNVML_ENV).ok().filter(|s| !s.is_empty());
         let lib = library
             .map(str::to_owned)
             .or(env)
             .unwrap_or_else(|| DEFAULT_LIBNVML.to_owned());
-        let err = |reason: String| Error::Nvml {
+        let err = |reason: String| NvmlError {
             library: lib.clone(),
             reason,
         };

@@ -162,7 +162,7 @@ fn device_map(args: &Args, goal: &Goal) -> Result<DeviceMap, Error> {
                     tracing::warn!("cannot complete the device map ({e}); passing it as given");
                     Ok(map)
                 }
-                Request::Auto => Err(e),
+                Request::Auto => Err(e.into()),
             }
         }
     };

@@ -9,10 +9,18 @@ use std::collections::{BTreeSet, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
 
 /// The root of the cgroup v2 hierarchy.
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Why a selector names no processes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectError {
+    #[error("process {0} does not exist")]
+    NoSuchProcess(i32),
+    #[error("cgroup {path}: {reason}")]
+    Cgroup { path: String, reason: String },
+}
 
 /// A set of processes named on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +37,7 @@ pub enum Selector {
 
 impl Selector {
     /// The pids, parents before children for trees; errors if a named root does not exist.
-    pub fn resolve(&self) -> Result<Vec<i32>> {
+    pub fn resolve(&self) -> Result<Vec<i32>, SelectError> {
         match self {
             Selector::Pid(pid) => {
                 require_exists(*pid)?;
@@ -45,11 +53,11 @@ impl Selector {
     }
 }
 
-fn require_exists(pid: i32) -> Result<()> {
+fn require_exists(pid: i32) -> Result<(), SelectError> {
     if pid > 0 && exists(pid) {
         Ok(())
     } else {
-        Err(Error::NoSuchProcess(pid))
+        Err(SelectError::NoSuchProcess(pid))
     }
 }
 
@@ -101,13 +109,13 @@ pub fn all_pids() -> Vec<i32> {
 }
 
 /// Processes of a cgroup and its descendants. `path` is absolute or relative to the v2 root.
-pub fn cgroup_pids(path: &Path) -> Result<Vec<i32>> {
+pub fn cgroup_pids(path: &Path) -> Result<Vec<i32>, SelectError> {
     let dir = if path.is_absolute() {
         path.to_path_buf()
     } else {
         Path::new(CGROUP_ROOT).join(path)
     };
-    let err = |reason: String| Error::Cgroup {
+    let err = |reason: String| SelectError::Cgroup {
         path: dir.display().to_string(),
         reason,
     };
@@ -278,7 +286,7 @@ mod tests {
         assert!(Selector::Pid(me).resolve().is_ok());
         assert!(matches!(
             Selector::Pid(i32::MAX).resolve(),
-            Err(Error::NoSuchProcess(_))
+            Err(SelectError::NoSuchProcess(_))
         ));
         assert!(ns_pid(me).is_some());
         assert_eq!(tracer(me), Some(0));
