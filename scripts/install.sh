@@ -19,11 +19,14 @@
 #                                       leaves them out)
 #   /usr/local/lib/criu-gpu/sim/       the simulated driver (libcuda.so.1, libnvidia-ml.so.1),
 #   /usr/local/bin/cuda-sim-gpud, cuda-sim-app   used only when selected explicitly
-# Environment: PREFIX (/usr/local), CRIU_PLUGIN_DIR (/usr/lib/criu).
+# Everything is installed stripped; the debug information (line tables: enough for a backtrace
+# with file and line) goes to /usr/lib/debug/.build-id/, where gdb and coredumpctl look for it.
+# Environment: PREFIX (/usr/local), CRIU_PLUGIN_DIR (/usr/lib/criu), DEBUG_DIR (/usr/lib/debug).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 PREFIX=${PREFIX:-/usr/local}
 CRIU_PLUGIN_DIR=${CRIU_PLUGIN_DIR:-/usr/lib/criu}
+DEBUG_DIR=${DEBUG_DIR:-/usr/lib/debug}
 demo=1
 containers=1
 for a in "$@"; do
@@ -58,15 +61,28 @@ cargo build --release --locked -p cuda-checkpoint-ctl -p criu-gpu-plugin -p criu
 
 say "installing"
 install -d "$PREFIX/bin" "$CRIU_PLUGIN_DIR" "$PREFIX/lib/criu-gpu/sim" /etc/criu
-install -m 0755 target/release/cuda-checkpoint-ctl target/release/criu-gpu target/release/criu-gpu-check "$PREFIX/bin/"
-# A temporary name and a rename: a running criu keeps its mapping of the old file intact.
-install -m 0755 target/release/libcriu_gpu_plugin.so "$CRIU_PLUGIN_DIR/.criu_gpu_plugin.so.new"
-mv -f "$CRIU_PLUGIN_DIR/.criu_gpu_plugin.so.new" "$CRIU_PLUGIN_DIR/criu_gpu_plugin.so"
-for f in libcuda.so.1 libnvidia-ml.so.1; do
-	install -m 0755 target/release/libcuda.so "$PREFIX/lib/criu-gpu/sim/.$f.new"
-	mv -f "$PREFIX/lib/criu-gpu/sim/.$f.new" "$PREFIX/lib/criu-gpu/sim/$f"
+# install_stripped FILE DEST: DEST gets FILE without its debug information, which goes to
+# $DEBUG_DIR/.build-id/ under the file's build id. A temporary name and a rename: a running
+# criu keeps its mapping of the old file intact.
+install_stripped() {
+	local src=$1 dst=$2 id tmp
+	id=$(readelf -n "$src" | awk '/Build ID:/ { print $3 }')
+	if [ -n "$id" ]; then
+		install -d "$DEBUG_DIR/.build-id/${id:0:2}"
+		objcopy --only-keep-debug "$src" "$DEBUG_DIR/.build-id/${id:0:2}/${id:2}.debug"
+	fi
+	tmp="$(dirname "$dst")/.$(basename "$dst").new"
+	install -m 0755 "$src" "$tmp"
+	strip --strip-unneeded "$tmp"
+	mv -f "$tmp" "$dst"
+}
+for b in cuda-checkpoint-ctl criu-gpu criu-gpu-check cuda-sim-gpud cuda-sim-app; do
+	install_stripped "target/release/$b" "$PREFIX/bin/$b"
 done
-install -m 0755 target/release/cuda-sim-gpud target/release/cuda-sim-app "$PREFIX/bin/"
+install_stripped target/release/libcriu_gpu_plugin.so "$CRIU_PLUGIN_DIR/criu_gpu_plugin.so"
+for f in libcuda.so.1 libnvidia-ml.so.1; do
+	install_stripped target/release/libcuda.so "$PREFIX/lib/criu-gpu/sim/$f"
+done
 [ -e /etc/criu/gpu-plugin.conf ] || install -m 0644 "$root/container-hooks/gpu-plugin.conf" /etc/criu/gpu-plugin.conf
 for rt in runc crun; do
 	[ -e "/etc/criu/$rt.conf" ] || install -m 0644 "$root/container-hooks/criu/runc.conf" "/etc/criu/$rt.conf"
@@ -91,6 +107,7 @@ echo "cuda-checkpoint-ctl: $PREFIX/bin/cuda-checkpoint-ctl"
 echo "criu-gpu:           $PREFIX/bin/criu-gpu (criu-gpu doctor: is this node ready?)"
 echo "CRIU plugin:        $CRIU_PLUGIN_DIR/criu_gpu_plugin.so"
 echo "simulated driver:   $PREFIX/lib/criu-gpu/sim"
+echo "debug information:  $DEBUG_DIR/.build-id (installed files are stripped)"
 
 if [ $demo = 1 ]; then
 	say "demo"
