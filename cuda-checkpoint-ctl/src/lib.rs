@@ -13,6 +13,7 @@
 pub mod driver;
 pub mod error;
 pub mod inventory;
+pub mod nccl;
 pub mod ops;
 pub mod placement;
 pub mod process;

@@ -39,6 +39,10 @@ pub const KEYS: &[(&str, &str)] = &[
         "CRIU_GPU_DIGESTS",
         "0: do not record or check digests of the image files",
     ),
+    (
+        "CRIU_GPU_NCCL_CHECK",
+        "0: dump NCCL ranks of one node even if their transports cannot be restored",
+    ),
     ("CRIU_GPU_CONFIG", "the settings file"),
 ];
 

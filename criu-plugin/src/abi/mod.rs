@@ -106,6 +106,9 @@ impl Host for CriuHost {
     fn threads(&self) -> &dyn ThreadControl {
         &ptrace::Ptrace
     }
+    fn lazy_pages(&self) -> bool {
+        criu::lazy_pages()
+    }
 }
 
 /// Forks the guardian from CRIU's process (see [`crate::guardian`]). It keeps its own handle on

@@ -79,6 +79,10 @@ pub trait Host {
         std::process::id() as i32
     }
     fn threads(&self) -> &dyn ThreadControl;
+    /// Whether CRIU was asked for lazy pages.
+    fn lazy_pages(&self) -> bool {
+        false
+    }
 }
 
 /// What the image's inventory said about a backend at restore.

@@ -1,14 +1,15 @@
 //! Which processes to act on: a pid, a process tree, a cgroup or the whole machine; and the
 //! facts about a process this crate needs from /proc. The one place that reads /proc.
 
+mod environ;
 mod hold;
 
+pub use self::environ::{environ, in_root};
 pub use self::hold::{frozen_cgroup, hold, tgid, CgroupVersion, Freezer, Hold};
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
-
 
 /// The root of the cgroup v2 hierarchy.
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cuda_checkpoint_ctl::driver::ProcessState;
+use cuda_checkpoint_ctl::nccl::{self, Transport};
 
 use crate::guardian::proto::DriverFailure;
 
@@ -103,6 +104,9 @@ pub enum DumpError {
     NoDriver { processes: Vec<Who>, reason: String },
     #[error("CUDA {who} {}; nothing was locked", .held.describe(.who.pid))]
     Held { who: Who, held: Held },
+    /// Ranks of one node whose NCCL transports the driver checkpoints but cannot restore.
+    #[error("{}", nccl(.ranks))]
+    NcclTransports { ranks: Vec<(Who, Vec<Transport>)> },
     #[error(
         "CUDA {0} has a GPU checkpoint action in progress that is not this dump's (a concurrent \
          dump or cuda-checkpoint, or the action of a CRIU that died); wait for it, then check \
@@ -201,6 +205,23 @@ fn locks(failures: &[(Who, LockFailure)]) -> String {
          locks wait longer: CRIU_GPU_LOCK_TIMEOUT_MS, with criu --timeout above it (locks must \
          fit in criu's seize time)",
         parts.join("; ")
+    )
+}
+
+fn nccl(ranks: &[(Who, Vec<Transport>)]) -> String {
+    let each: Vec<String> = ranks
+        .iter()
+        .map(|(w, t)| format!("{w} ({})", nccl::names(t)))
+        .collect();
+    format!(
+        "the NCCL ranks of this node would talk to each other through transports the NVIDIA \
+         driver checkpoints but cannot restore: {}; a dump would leave them unable to run again \
+         (measured with r580: the restore answers CUDA_ERROR_NOT_SUPPORTED). Nothing was locked. \
+         Start the job with {} (in its environment or /etc/nccl.conf): NCCL then talks through \
+         sockets between its ranks, which dump and restore. If these processes do not talk to \
+         each other through NCCL, set CRIU_GPU_NCCL_CHECK=0",
+        each.join(", "),
+        nccl::SOCKETS_ONLY
     )
 }
 

@@ -1,6 +1,7 @@
 //! What the CUDA backend reads of processes (through `cuda_checkpoint_ctl::process`, the one
 //! place that reads /proc), behind a trait so its decisions can be tested without processes.
 
+use cuda_checkpoint_ctl::nccl;
 use cuda_checkpoint_ctl::process::{self, Libraries};
 
 use super::error::Held;
@@ -20,6 +21,9 @@ pub trait Procs: Send {
     /// Whether `/dev/nvidiaN` exists in the process's root file system (a container's).
     fn has_gpu_node(&self, pid: i32, minor: u32) -> bool;
     fn kill(&self, pid: i32);
+    /// Of `ranks` (CUDA processes of one node with NCCL loaded), those whose NCCL settings leave
+    /// a transport on that the driver cannot restore (see `cuda_checkpoint_ctl::nccl`).
+    fn nccl_unrestorable(&self, ranks: &[i32]) -> Vec<nccl::Unrestorable>;
 }
 
 /// This machine.
@@ -64,6 +68,9 @@ impl Procs for Real {
     }
     fn has_gpu_node(&self, pid: i32, minor: u32) -> bool {
         std::path::Path::new(&format!("/proc/{pid}/root/dev/nvidia{minor}")).exists()
+    }
+    fn nccl_unrestorable(&self, ranks: &[i32]) -> Vec<nccl::Unrestorable> {
+        nccl::unrestorable(ranks)
     }
     fn kill(&self, pid: i32) {
         let _ = nix::sys::signal::kill(

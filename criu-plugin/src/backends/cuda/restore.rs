@@ -70,7 +70,7 @@ impl Restore {
         let Some(holds) = restorable::holds(&dir, listed).map_err(check)? else {
             return Ok(r);
         };
-        if crate::abi::criu::lazy_pages() {
+        if host.lazy_pages() {
             return Err(HookError::gpu(RestoreError::LazyPages));
         }
         let placement = restorable::placement(&r.settings).map_err(check)?;

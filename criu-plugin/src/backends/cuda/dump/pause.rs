@@ -74,11 +74,25 @@ impl Dump {
                 _ => return Err(HookError::gpu(DumpError::Busy(w))),
             }
         }
+        if ctx.settings.flag("CRIU_GPU_NCCL_CHECK")? != Some(false) {
+            let ranks: Vec<i32> = cuda.iter().filter(|c| c.2).map(|c| c.0.pid).collect();
+            let bad = procs.nccl_unrestorable(&ranks);
+            if !bad.is_empty() {
+                let ranks = bad
+                    .into_iter()
+                    .filter_map(|u| {
+                        let w = cuda.iter().find(|c| c.0.pid == u.pid)?.0.clone();
+                        Some((w, u.transports))
+                    })
+                    .collect();
+                return Err(HookError::gpu(DumpError::NcclTransports { ranks }));
+            }
+        }
         for (w, tid, _) in &cuda {
             if ctx.stage == Stage::PreDump {
                 return Err(HookError::gpu(DumpError::PreDump(w.clone())));
             }
-            if crate::abi::criu::lazy_pages() {
+            if host.lazy_pages() {
                 return Err(HookError::gpu(DumpError::LazyPages(w.clone())));
             }
             // The state query, the lock and the checkpoint all need this thread to run: the

@@ -260,3 +260,52 @@ fn no_driver_is_an_error_naming_the_library_setting() {
         "{e}"
     );
 }
+
+/// Two ranks of one node: with NCCL's defaults (measured: P2P, SHM and cuMem are checkpointed but
+/// cannot be restored) the dump is refused before anything is locked; with sockets only, or when
+/// the operator says the processes do not talk through NCCL, it goes ahead.
+#[test]
+fn nccl_ranks_whose_transports_cannot_be_restored_are_refused_before_any_lock() {
+    let w = World::new(&[(10, R), (11, R), (12, R)], &[]);
+    w.tree.0.lock().unwrap().nccl.extend([10, 11]);
+    let (mut c, r) = w.dump(Stage::Dump);
+    let e = err_text(&r[0]);
+    assert!(
+        e.contains("process 10 (app) (P2P, SHM and cuMem)")
+            && e.contains("process 11 (app)")
+            && !e.contains("process 12")
+            && e.contains("NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0")
+            && e.contains("Nothing was locked"),
+        "{e}"
+    );
+    assert!(
+        !w.gpu.m().calls.iter().any(|c| c.starts_with("Lock")),
+        "{:?}",
+        w.gpu.m().calls
+    );
+    c.exit(&w.host, Stage::Dump, false);
+
+    let sockets: Vec<(String, String)> = nccl::SOCKETS_ONLY
+        .split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let w = World::new(&[(10, R), (11, R)], &[]);
+    {
+        let mut t = w.tree.0.lock().unwrap();
+        t.nccl.extend([10, 11]);
+        for p in [10, 11] {
+            t.nccl_config
+                .insert(p, nccl::Config::from_sources(&sockets, &[]));
+        }
+    }
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    c.exit(&w.host, Stage::Dump, true);
+
+    let w = World::new(&[(10, R), (11, R)], &[]).set("CRIU_GPU_NCCL_CHECK", "0");
+    w.tree.0.lock().unwrap().nccl.extend([10, 11]);
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    c.exit(&w.host, Stage::Dump, true);
+}

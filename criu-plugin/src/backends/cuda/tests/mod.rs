@@ -10,6 +10,7 @@ use cuda_checkpoint_ctl::driver::{
     code, Call, CudaError, DeviceMap, DriverInfo, GpuUuid, ProcessState,
 };
 use cuda_checkpoint_ctl::inventory::{Gpu, GpuUsage, Inventory};
+use cuda_checkpoint_ctl::nccl;
 use cuda_checkpoint_ctl::process::Libraries;
 
 use criu_gpu_image::cuda::{CudaImage, FORMAT, RECORD, VERSION};
@@ -208,6 +209,8 @@ struct TreeState {
     pids: Vec<i32>,
     cuda: BTreeSet<i32>,
     nccl: BTreeSet<i32>,
+    /// NCCL's settings per process (none: NCCL's defaults).
+    nccl_config: BTreeMap<i32, nccl::Config>,
     held: BTreeMap<i32, Held>,
     /// pid -> ns pid (restored processes in a new pid namespace).
     ns: BTreeMap<i32, i32>,
@@ -249,6 +252,12 @@ impl Procs for Tree {
     }
     fn kill(&self, pid: i32) {
         self.0.lock().unwrap().killed.push(pid);
+    }
+    fn nccl_unrestorable(&self, ranks: &[i32]) -> Vec<nccl::Unrestorable> {
+        let t = self.0.lock().unwrap();
+        nccl::check(ranks, |p| {
+            t.nccl_config.get(&p).cloned().unwrap_or_default()
+        })
     }
 }
 
