@@ -62,6 +62,7 @@ pub fn run(opts: &Options) -> Vec<Finding> {
     f.extend(criu());
     let (gpu, used) = gpus(opts);
     f.extend(gpu);
+    f.push(huge_pages());
     f.push(ptrace());
     f.push(seccomp());
     f.extend(runtimes());
@@ -291,6 +292,59 @@ fn gpus(opts: &Options) -> (Vec<Finding>, u64) {
         );
     }
     (f, used)
+}
+
+/// The node's transparent huge page policy: what a GPU checkpoint gains from `always`, and a
+/// policy left raised by a guardian that died.
+fn huge_pages() -> Finding {
+    use criu_gpu_image::thp::{Policy, Thp};
+    let thp = Thp::default();
+    let state = thp.state();
+    let policy = match thp.policy() {
+        Ok(p) => p,
+        Err(e) => {
+            return problem(
+                "huge pages",
+                Status::Warn,
+                e.to_string(),
+                "GPU checkpoints run with 4 KiB pages (about 1.7x slower on an H200)",
+            )
+        }
+    };
+    match (policy, state.original) {
+        (Policy::Always, Some(orig)) if state.holders.is_empty() => problem(
+            "huge pages",
+            Status::Warn,
+            format!(
+                "transparent huge pages are at always, left raised by a GPU checkpoint whose \
+                 guardian ended without putting back {}",
+                orig.as_str()
+            ),
+            format!(
+                "echo {} > {}/enabled (the next checkpoint also puts it back)",
+                orig.as_str(),
+                criu_gpu_image::thp::SYSFS
+            ),
+        ),
+        (Policy::Always, _) => ok(
+            "huge pages",
+            "transparent huge pages at always: GPU checkpoints fill memory in 2 MiB pages",
+        ),
+        (Policy::Madvise, _) => ok(
+            "huge pages",
+            "transparent huge pages at madvise: the plugin raises them to always for the seconds \
+             of a GPU checkpoint (1.7x faster on an H200) and puts madvise back \
+             (CRIU_GPU_THP=off to leave them alone)",
+        ),
+        (Policy::Never, _) => problem(
+            "huge pages",
+            Status::Warn,
+            "transparent huge pages at never: GPU checkpoints fault in 4 KiB pages (about 1.7x \
+             slower on an H200); the plugin leaves an administrator's never alone",
+            "set CRIU_GPU_THP=always in /etc/criu/gpu-plugin.conf to raise them for the \
+             checkpoints only, or accept the slower checkpoints",
+        ),
+    }
 }
 
 fn ptrace() -> Finding {

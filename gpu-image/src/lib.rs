@@ -1,6 +1,6 @@
 //! A GPU checkpoint as this project writes and reads it, outside CRIU and inside: the plugin's
 //! records (checksummed JSON, [`record`]; the CUDA one, [`cuda`]), digests of every image file
-//! ([`digest`]), the node's settings ([`settings`]), where the GPU state goes on restore
+//! ([`digest`]), the node's settings ([`settings`]) and huge page policy ([`thp`]), where the GPU state goes on restore
 //! ([`placement`]), the checks a restore makes before anything starts ([`restorable`],
 //! [`amd`]), and what a checkpoint holds ([`inspect`]). The CRIU plugin and `criu-gpu` both use
 //! it; [`node`] runs the whole check from a tool, loading the driver and NVML itself.
@@ -15,3 +15,4 @@ pub mod placement;
 pub mod record;
 pub mod restorable;
 pub mod settings;
+pub mod thp;

@@ -40,6 +40,10 @@ pub const KEYS: &[(&str, &str)] = &[
         "0: do not record or check digests of the image files",
     ),
     (
+        "CRIU_GPU_THP",
+        "auto: raise transparent huge pages from madvise to always for a GPU checkpoint; always; off",
+    ),
+    (
         "CRIU_GPU_NCCL_CHECK",
         "0: dump NCCL ranks of one node even if their transports cannot be restored",
     ),

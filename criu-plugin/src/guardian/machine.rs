@@ -93,6 +93,10 @@ impl Machine for Real {
         process::starttime(pid).filter(|st| *st >= mine)
     }
 
+    fn thp(&self) -> Option<criu_gpu_image::thp::Thp> {
+        Some(criu_gpu_image::thp::Thp::default())
+    }
+
     fn record(&self, level: Level, line: &str) {
         super::sys::syslog(matches!(level, Level::Error | Level::Warn), line);
         let Some(dir) = &self.image_dir else {

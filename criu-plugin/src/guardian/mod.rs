@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
+use criu_gpu_image::thp::{Raised, Want};
 use cuda_checkpoint_ctl::driver::DriverInfo;
 use cuda_checkpoint_ctl::inventory::Inventory;
 use rustix::event::{poll, PollFd, PollFlags};
@@ -51,6 +52,7 @@ pub struct Guardian {
     next: u64,
     replies: BTreeMap<u64, Result<Answer, DriverFailure>>,
     inventories: BTreeMap<u64, Result<Inventory, String>>,
+    thp: BTreeMap<u64, Result<Raised, String>>,
     settled: Option<Vec<Outcome>>,
     buf: Vec<u8>,
 }
@@ -81,6 +83,7 @@ impl Guardian {
             next: 1,
             replies: BTreeMap::new(),
             inventories: BTreeMap::new(),
+            thp: BTreeMap::new(),
             settled: None,
             buf: vec![0u8; proto::MAX_MESSAGE],
         }
@@ -143,6 +146,18 @@ impl Guardian {
         self.inventories.remove(&seq)
     }
 
+    /// Asks the guardian to raise the node's huge page policy (see [`criu_gpu_image::thp`]).
+    pub fn raise_thp(&mut self, want: Want) -> Result<u64, GuardianError> {
+        let seq = self.next;
+        self.next += 1;
+        self.order(&Order::RaiseThp { seq, want })?;
+        Ok(seq)
+    }
+
+    pub fn take_thp(&mut self, seq: u64) -> Option<Result<Raised, String>> {
+        self.thp.remove(&seq)
+    }
+
     pub fn has_settled(&self) -> bool {
         self.settled.is_some()
     }
@@ -152,7 +167,9 @@ impl Guardian {
     }
 
     pub fn has(&self, seq: u64) -> bool {
-        self.replies.contains_key(&seq) || self.inventories.contains_key(&seq)
+        self.replies.contains_key(&seq)
+            || self.inventories.contains_key(&seq)
+            || self.thp.contains_key(&seq)
     }
 
     /// Takes reports until `ready` holds or `deadline` passes (then `Ok(false)`); `tick` runs
@@ -212,6 +229,9 @@ impl Guardian {
             Report::Settled { outcomes } => self.settled = Some(outcomes.clone()),
             Report::Log { level, text } => log(*level, text),
             Report::Hello { driver } => self.driver = Some(driver.clone()),
+            Report::Thp { seq, result } => {
+                self.thp.insert(*seq, result.clone());
+            }
         }
         Ok(Some(report))
     }

@@ -3,6 +3,7 @@
 
 use std::os::fd::AsFd;
 
+use criu_gpu_image::thp::{Raised, Want};
 use cuda_checkpoint_ctl::driver::{code, DriverInfo, GpuUuid, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
 use serde::{Deserialize, Serialize};
@@ -30,21 +31,38 @@ pub enum Order {
         comm: String,
     },
     /// A driver call on a tracked process, run after the process's earlier ones.
-    Act { seq: u64, pid: i32, act: Act },
+    Act {
+        seq: u64,
+        pid: i32,
+        act: Act,
+    },
     /// NVML's view of the machine.
-    Inventory { seq: u64 },
+    Inventory {
+        seq: u64,
+    },
     /// Return every tracked process to its state before the dump; answered by `Settled`.
     RollBack,
     /// The dump succeeded and CRIU kills the tasks: any still alive once CRIU is gone (a failed
     /// post-dump script resumes them) is rolled back.
     Commit,
     /// Restore: these processes are the restored tree (killed if CRIU dies before `Restored`).
-    Restoring { tree: Vec<(i32, u64)> },
+    Restoring {
+        tree: Vec<(i32, u64)>,
+    },
     /// Restore: the pids the image's processes will have (when CRIU restores into this pid
     /// namespace); those that appear after the guardian started are the restored tree too.
-    Expect { pids: Vec<i32> },
+    Expect {
+        pids: Vec<i32>,
+    },
     /// Restore: the GPU state of the tree is back; nothing to undo any more.
     Restored,
+    /// Raise the node's transparent huge page policy for a GPU checkpoint; answered by `Thp`.
+    /// Put back by `LowerThp`, or by the guardian when it ends, whatever ends it.
+    RaiseThp {
+        seq: u64,
+        want: Want,
+    },
+    LowerThp,
     /// The plugin's `exit` is done: the guardian ends once nothing is left for it to watch.
     Bye,
 }
@@ -85,6 +103,10 @@ pub enum Report {
     Log { level: Level, text: String },
     /// The outcome of a `RollBack`, one per tracked process.
     Settled { outcomes: Vec<Outcome> },
+    Thp {
+        seq: u64,
+        result: Result<Raised, String>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

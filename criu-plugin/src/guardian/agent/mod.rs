@@ -17,6 +17,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use criu_gpu_image::thp::{Raised, Thp};
 use cuda_checkpoint_ctl::driver::{CudaError, DeviceMap, DriverInfo, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
 use rustix::event::{poll, PollFd, PollFlags};
@@ -52,6 +53,33 @@ pub trait Machine: Send + Sync + 'static {
     fn started_since_me(&self, pid: i32) -> Option<u64>;
     /// Where the guardian writes when CRIU is gone: syslog and the image directory's log.
     fn record(&self, level: Level, line: &str);
+    /// The node's huge page policy, if the guardian may change it.
+    fn thp(&self) -> Option<Thp> {
+        None
+    }
+}
+
+/// The node's huge page policy raised by this guardian: put back when dropped, so whatever ends
+/// the guardian puts it back.
+struct ThpHold {
+    thp: Thp,
+    out: Arc<Outbox>,
+}
+
+impl Drop for ThpHold {
+    fn drop(&mut self) {
+        match self.thp.lower(std::process::id() as i32) {
+            Ok(Some(p)) => self.out.log(
+                Level::Info,
+                format!("transparent huge pages put back to {}", p.as_str()),
+            ),
+            Ok(None) => {}
+            Err(e) => self.out.log(
+                Level::Warn,
+                format!("the transparent huge page policy could not be put back: {e}"),
+            ),
+        }
+    }
 }
 
 /// How long the guardian keeps going alone before it gives up waiting and says what is left.
@@ -130,6 +158,7 @@ pub struct Agent {
     bye: bool,
     /// The rollback the plugin asked for has reported every process.
     settled: Arc<AtomicBool>,
+    thp: Option<ThpHold>,
 }
 
 impl Agent {
@@ -157,6 +186,7 @@ impl Agent {
             expected: Vec::new(),
             bye: false,
             settled: Arc::new(AtomicBool::new(false)),
+            thp: None,
         })
     }
 
@@ -345,6 +375,23 @@ impl Agent {
             Order::Restoring { tree } => self.tree.extend(tree),
             Order::Expect { pids } => self.expected = pids,
             Order::Restored => self.phase = Phase::Restored,
+            Order::RaiseThp { seq, want } => {
+                let result = match self.machine.thp() {
+                    None => Err("not on this machine".to_owned()),
+                    Some(thp) => {
+                        let r = thp.raise(want, std::process::id() as i32);
+                        if matches!(r, Ok(Raised::From(_))) && self.thp.is_none() {
+                            self.thp = Some(ThpHold {
+                                thp,
+                                out: self.out.clone(),
+                            });
+                        }
+                        r.map_err(|e| e.to_string())
+                    }
+                };
+                self.out.report(&Report::Thp { seq, result });
+            }
+            Order::LowerThp => self.thp = None,
             Order::Bye => self.bye = true,
         }
     }

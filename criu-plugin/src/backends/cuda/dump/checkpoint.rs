@@ -6,12 +6,14 @@ use std::time::{Duration, Instant};
 use cuda_checkpoint_ctl::driver::ProcessState;
 
 use criu_gpu_image::cuda::Usage;
+use criu_gpu_image::thp::{Raised, Want};
 
 use super::{Dump, Phase, Proc};
 use crate::backends::cuda::error::{ActionFailure, DumpError, Held, Who};
 use crate::backends::cuda::{action_limit, gib};
 use crate::core::{HookError, HookResult, Host, ThreadWindow, Verdict};
-use crate::guardian::proto::Act;
+use crate::guardian::proto::{Act, Order};
+use crate::guardian::Guardian;
 
 impl Dump {
     pub fn checkpoint(&mut self, host: &dyn Host, pid: i32) -> HookResult {
@@ -90,6 +92,10 @@ impl Dump {
         let settings = &self.ctx.settings;
         let limit = action_limit(settings, tree.inventory.is_some().then_some(bytes))?;
         let parallel = settings.flag("CRIU_GPU_PARALLEL")?.unwrap_or(true);
+        let thp = settings
+            .parsed("CRIU_GPU_THP", |v| v.parse::<Want>())?
+            .unwrap_or_default();
+        raise_thp(g, thp)?;
         let start = Instant::now();
         let threads: Vec<(i32, i32)> = todo.iter().map(|p| (p.who.pid, p.tid)).collect();
         let (mut window, failed) = ThreadWindow::open(host.threads(), &threads);
@@ -107,6 +113,9 @@ impl Dump {
             seqs.push(seq);
         }
         g.wait_all(&seqs, until, &mut || window.watch())?;
+        if thp != Want::Off {
+            let _ = g.order(&Order::LowerThp);
+        }
         let stopped = window.stop_signal();
         for e in window.close() {
             tracing::error!("{e}");
@@ -144,4 +153,32 @@ impl Dump {
         self.write_record(host, Vec::new())?;
         Ok(())
     }
+}
+
+/// Has the guardian raise the node's huge page policy for the checkpoint (the driver fills fresh
+/// memory of each process; faulting in 4 KiB pages is most of its time). Failing to raise it
+/// only costs speed: a warning, not an error.
+fn raise_thp(g: &mut Guardian, want: Want) -> Result<(), HookError> {
+    if want == Want::Off {
+        return Ok(());
+    }
+    let seq = g.raise_thp(want)?;
+    g.wait_until(Instant::now() + Duration::from_secs(2), &mut || {}, &|g| {
+        g.has(seq)
+    })?;
+    match g.take_thp(seq) {
+        Some(Ok(Raised::From(p))) => tracing::info!(
+            "transparent huge pages at always for the GPU checkpoint (the node's policy, {p}, is \
+             put back after it)"
+        ),
+        Some(Ok(Raised::Untouched(p))) => {
+            tracing::debug!("transparent huge pages left at {p} (CRIU_GPU_THP={want:?})")
+        }
+        Some(Err(e)) => tracing::warn!(
+            "transparent huge pages could not be raised for the GPU checkpoint ({e}); it runs \
+             slower"
+        ),
+        None => tracing::warn!("the guardian did not answer about transparent huge pages"),
+    }
+    Ok(())
 }

@@ -309,3 +309,52 @@ fn nccl_ranks_whose_transports_cannot_be_restored_are_refused_before_any_lock() 
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
     c.exit(&w.host, Stage::Dump, true);
 }
+
+/// The checkpoint runs with huge pages at `always`, and the node's policy is back afterwards,
+/// also when CRIU dies in the middle of it (the guardian puts it back when it ends).
+#[test]
+fn huge_pages_are_raised_for_the_checkpoint_and_put_back_whatever_happens() {
+    let w = World::new(&[(10, R), (11, R)], &[]);
+    let thp = fake_thp("always [madvise] never");
+    w.gpu.m().thp = Some(thp.clone());
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert_eq!(w.gpu.m().thp_seen, vec!["always", "always"]);
+    wait_for("put back", || thp_shown(&thp) == "madvise");
+    c.exit(&w.host, Stage::Dump, true);
+
+    let w = World::new(&[(10, R)], &[]).set("CRIU_GPU_THP", "off");
+    let thp = fake_thp("always [madvise] never");
+    w.gpu.m().thp = Some(thp.clone());
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    assert_eq!(w.gpu.m().thp_seen, vec!["always [madvise] never"]);
+    c.exit(&w.host, Stage::Dump, true);
+
+    // CRIU killed while the checkpoint hangs: the policy stays raised while the driver works,
+    // and is put back once the guardian has returned the process.
+    let w = World::new(&[(10, R)], &[]);
+    let thp = fake_thp("always [madvise] never");
+    w.gpu.m().thp = Some(thp.clone());
+    w.gpu.m().hang.insert((10, Call::Checkpoint));
+    let mut c = w.backend();
+    c.init(&w.host, Stage::Dump, &Claims::default()).unwrap();
+    assert!(c.pause_devices(&w.host, 10).is_ok());
+    let host = &w.host;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = c.checkpoint_devices(host, 10);
+        });
+        wait_for("raised", || thp_shown(&thp) == "always");
+        w.guardians.criu_dies();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            thp_shown(&thp),
+            "always",
+            "not lowered under a running checkpoint"
+        );
+        w.gpu.release();
+        wait_for("put back", || thp_shown(&thp) == "madvise");
+    });
+    wait_for("returned", || w.gpu.state(10) == R);
+}

@@ -15,6 +15,7 @@ use cuda_checkpoint_ctl::process::Libraries;
 
 use criu_gpu_image::cuda::{CudaImage, FORMAT, RECORD, VERSION};
 use criu_gpu_image::record;
+use criu_gpu_image::thp::Thp;
 
 use super::error::Held;
 use super::procs::Procs;
@@ -45,6 +46,9 @@ struct Gpus {
     free: u64,
     record: Vec<String>,
     lock_timeouts: Vec<Duration>,
+    /// The node's huge page policy (a fake sysfs), and what it read during each checkpoint.
+    thp: Option<Thp>,
+    thp_seen: Vec<String>,
 }
 
 #[derive(Clone, Default)]
@@ -140,6 +144,8 @@ impl GpuDriver for Fake {
         self.act(pid, Call::Lock, R, L)
     }
     fn checkpoint(&self, pid: i32) -> Result<(), CudaError> {
+        let seen = self.m().thp.as_ref().map(|t| thp_shown(t));
+        self.m().thp_seen.extend(seen);
         self.act(pid, Call::Checkpoint, L, C)
     }
     fn restore(&self, pid: i32, map: &DeviceMap) -> Result<(), CudaError> {
@@ -198,6 +204,25 @@ impl Machine for Fake {
     fn record(&self, level: Level, line: &str) {
         self.m().record.push(format!("{level:?}: {line}"));
     }
+    fn thp(&self) -> Option<Thp> {
+        self.m().thp.clone()
+    }
+}
+
+/// A fake node's THP knob at `policy`, in a directory of its own.
+fn fake_thp(policy: &str) -> Thp {
+    let d = tempfile::tempdir().unwrap().keep();
+    std::fs::create_dir(d.join("sys")).unwrap();
+    std::fs::write(d.join("sys/enabled"), policy).unwrap();
+    Thp {
+        sysfs: d.join("sys"),
+        run_dir: d.join("run"),
+    }
+}
+
+/// The word the fake knob shows.
+fn thp_shown(t: &Thp) -> String {
+    std::fs::read_to_string(t.sysfs.join("enabled")).unwrap()
 }
 
 /// The processes as /proc shows them.
