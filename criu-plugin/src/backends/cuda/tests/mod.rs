@@ -144,7 +144,7 @@ impl GpuDriver for Fake {
         self.act(pid, Call::Lock, R, L)
     }
     fn checkpoint(&self, pid: i32) -> Result<(), CudaError> {
-        let seen = self.m().thp.as_ref().map(|t| thp_shown(t));
+        let seen = self.m().thp.as_ref().map(thp_shown);
         self.m().thp_seen.extend(seen);
         self.act(pid, Call::Checkpoint, L, C)
     }
