@@ -8,6 +8,10 @@ use crate::process::Hold;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("{}", nccl_ranks(.ranks))]
+    NcclTransports {
+        ranks: Vec<(i32, String, Vec<crate::nccl::Transport>)>,
+    },
     #[error(transparent)]
     Driver(#[from] LoadError),
     #[error(transparent)]
@@ -254,4 +258,19 @@ mod tests {
             "{text}"
         );
     }
+}
+
+fn nccl_ranks(ranks: &[(i32, String, Vec<crate::nccl::Transport>)]) -> String {
+    let each: Vec<String> = ranks
+        .iter()
+        .map(|(pid, comm, t)| format!("{pid} ({comm}: {})", crate::nccl::names(t)))
+        .collect();
+    format!(
+        "NCCL ranks of this node would talk to each other through transports the driver \
+         checkpoints but cannot restore: {}; suspending them would leave them unable to run \
+         again. Nothing was done. Start the job with {} (NCCL then talks through sockets), or \
+         pass --no-nccl-check if these processes do not talk to each other through NCCL",
+        each.join(", "),
+        crate::nccl::SOCKETS_ONLY
+    )
 }

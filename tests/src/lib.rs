@@ -531,3 +531,43 @@ pub fn stderr(o: &Output) -> String {
 pub fn exit_code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
+
+/// A shared library named `libnccl.so.2` (empty), for processes that must look like NCCL ranks:
+/// preloaded, it shows in their memory map as NCCL does. Built with the system's C compiler.
+pub fn fake_nccl(dir: &Path) -> PathBuf {
+    let src = dir.join("fake-nccl.c");
+    let lib = dir.join("libnccl.so.2");
+    fs::write(&src, "void fake_nccl(void) {}\n").unwrap();
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(out.status.success(), "cc: {}", stderr(&out));
+    lib
+}
+
+/// NCCL's settings that make ranks of one node talk through sockets only.
+pub const NCCL_SOCKETS_ONLY: [(&str, &str); 3] = [
+    ("NCCL_P2P_DISABLE", "1"),
+    ("NCCL_SHM_DISABLE", "1"),
+    ("NCCL_CUMEM_ENABLE", "0"),
+];
+
+/// Starts `cuda-sim-app ARGS` on `sim` as an NCCL job: the fake NCCL preloaded, `extra` in its
+/// environment (forked children inherit both).
+pub fn nccl_app(sim: &mut Sim, name: &str, args: &[&str], extra: &[(&str, &str)]) -> App {
+    let lib = fake_nccl(&sim.dir);
+    let mut env = sim.env();
+    env.push(("LD_PRELOAD".into(), lib.display().to_string()));
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let app = start_app(
+        "cuda-sim-app",
+        &sim.dir.join(format!("{name}.log")),
+        args,
+        env,
+    );
+    sim.adopt(app.pid);
+    app
+}

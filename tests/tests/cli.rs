@@ -235,3 +235,47 @@ fn a_cgroup_selects_its_processes() {
     wait_gone(app.pid);
     let _ = std::fs::remove_dir(&cg);
 }
+
+/// Ranks of one node whose NCCL transports the driver cannot restore (F13) are not suspended as
+/// a group, and stay running; sockets-only ranks, or --no-nccl-check, are.
+#[test]
+fn nccl_ranks_that_could_not_be_restored_are_not_suspended() {
+    let mut sim = Sim::start();
+    let root = nccl_app(&mut sim, "ranks", &["--children", "1", "--mib", "8"], &[]);
+    let kid = gpu_children(&root, 1)[0];
+    let tree = pid_s(root.pid);
+    let out = sim.ctl(&["--suspend", "--tree", &tree]);
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("{} (cuda-sim-app: P2P, SHM and cuMem)", root.pid))
+            && text.contains(&kid.to_string())
+            && text.contains("NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0")
+            && text.contains("--no-nccl-check"),
+        "{text}"
+    );
+    assert_eq!(
+        (sim.state(root.pid), sim.state(kid)),
+        ("running".into(), "running".into())
+    );
+    assert!(root.advances(2), "{}", root.tail());
+
+    let out = sim.ctl(&["--suspend", "--tree", &tree, "--no-nccl-check"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(sim.state(kid), "checkpointed");
+    assert!(sim.ctl(&["--resume", "--tree", &tree]).status.success());
+
+    let ok = nccl_app(
+        &mut sim,
+        "sockets",
+        &["--children", "1", "--mib", "8"],
+        &NCCL_SOCKETS_ONLY,
+    );
+    gpu_children(&ok, 1);
+    let tree = pid_s(ok.pid);
+    let out = sim.ctl(&["--suspend", "--tree", &tree]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(sim.ctl(&["--resume", "--tree", &tree]).status.success());
+    assert!(ok.advances(2), "{}", ok.tail());
+    ok.assert_healthy();
+}

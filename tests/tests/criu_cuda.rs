@@ -449,3 +449,44 @@ fn processes_without_cuda_dump_and_restore_as_if_the_plugin_were_absent() {
         );
     }
 }
+
+/// A dump of NCCL ranks of one node whose transports the driver cannot restore (F13) is refused
+/// before anything is locked, and every rank runs on; sockets-only ranks dump and restore.
+#[test]
+fn nccl_ranks_that_could_not_be_restored_are_refused_and_sockets_only_ranks_restore() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let root = nccl_app(&mut sim, "ranks", &["--children", "1", "--mib", "8"], &[]);
+    let kid_log = App {
+        pid: 0,
+        log: root.log.with_extension("log.gpu0"),
+    };
+    assert!(wait_until(Duration::from_secs(20), || kid_log
+        .lines()
+        .len()
+        > 1));
+    let images = sim.dir.join("img-refused");
+    let log = failed_dump(&sim, &c, root.pid, &images, &[]);
+    assert!(
+        log.contains("P2P, SHM and cuMem")
+            && log.contains("NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0")
+            && log.contains("Nothing was locked"),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    assert!(!log.contains("locked 2 CUDA"), "{}", criu::tail(&log, 20));
+    assert!(root.advances(3), "{}", root.tail());
+    root.assert_healthy();
+    kid_log.assert_healthy();
+
+    let ok = nccl_app(
+        &mut sim,
+        "sockets",
+        &["--children", "1", "--mib", "8"],
+        &NCCL_SOCKETS_ONLY,
+    );
+    let images = sim.dir.join("img");
+    dump_kill_restore(&mut sim, &c, &ok, &images);
+    assert!(ok.advances(3), "{}", ok.tail());
+    ok.assert_healthy();
+}

@@ -110,6 +110,10 @@ pub struct Args {
     /// Do not put other processes back when one of a group fails to suspend.
     #[arg(long)]
     pub no_rollback: bool,
+    /// Suspend NCCL ranks of this node even if their transports (P2P, SHM, cuMem) cannot be
+    /// restored by the driver (for processes that do not talk to each other through NCCL).
+    #[arg(long)]
+    pub no_nccl_check: bool,
     /// The driver library (default: $CUDA_CKPT_LIBCUDA or libcuda.so.1).
     #[arg(long, value_name = "PATH")]
     pub driver: Option<String>,

@@ -7,8 +7,9 @@ use serde_json::json;
 
 use cuda_checkpoint_ctl::driver::{Driver, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
+use cuda_checkpoint_ctl::nccl;
 use cuda_checkpoint_ctl::ops::{self, CudaProcess, Goal, Options, Outcome, Survey};
-use cuda_checkpoint_ctl::process::Selector;
+use cuda_checkpoint_ctl::process::{self, Selector};
 use cuda_checkpoint_ctl::Error;
 
 use super::args::{Args, LIST_WAIT_S};
@@ -82,6 +83,13 @@ pub fn many(
             return Err(e);
         }
     }
+    let checkpoints = matches!(
+        goal,
+        Goal::Suspend | Goal::Toggle | Goal::Action(cuda_checkpoint_ctl::driver::Call::Checkpoint)
+    );
+    if checkpoints && !args.no_nccl_check {
+        nccl_check(&survey)?;
+    }
     opts.wait = Some(super::wait(args));
     opts.device_map = super::device_map(args, goal)?;
     let outcomes = ops::apply_all(driver, &survey.pids(), goal, &opts);
@@ -120,6 +128,27 @@ pub fn many(
         0
     } else {
         EXIT_FAILURE
+    })
+}
+
+/// NCCL ranks of this node whose transports the driver checkpoints but cannot restore (F13):
+/// refused before any call, with the fix.
+fn nccl_check(survey: &Survey) -> Result<(), Error> {
+    let ranks: Vec<i32> = survey
+        .processes
+        .iter()
+        .filter(|p| process::libraries(p.pid).is_ok_and(|l| l.nccl))
+        .map(|p| p.pid)
+        .collect();
+    let bad = nccl::unrestorable(&ranks);
+    if bad.is_empty() {
+        return Ok(());
+    }
+    Err(Error::NcclTransports {
+        ranks: bad
+            .into_iter()
+            .map(|u| (u.pid, process::name(u.pid), u.transports))
+            .collect(),
     })
 }
 
