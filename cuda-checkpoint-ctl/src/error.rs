@@ -172,6 +172,21 @@ fn pid_list(pids: &[i32]) -> String {
     s.join(", ")
 }
 
+fn nccl_ranks(ranks: &[(i32, String, Vec<crate::nccl::Transport>)]) -> String {
+    let each: Vec<String> = ranks
+        .iter()
+        .map(|(pid, comm, t)| format!("{pid} ({comm}: {})", crate::nccl::names(t)))
+        .collect();
+    format!(
+        "NCCL ranks of this node would talk to each other through transports the driver \
+         checkpoints but cannot restore: {}; suspending them would leave them unable to run \
+         again. Nothing was done. Start the job with {} (NCCL then talks through sockets), or \
+         pass --no-nccl-check if these processes do not talk to each other through NCCL",
+        each.join(", "),
+        crate::nccl::SOCKETS_ONLY
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,19 +273,4 @@ mod tests {
             "{text}"
         );
     }
-}
-
-fn nccl_ranks(ranks: &[(i32, String, Vec<crate::nccl::Transport>)]) -> String {
-    let each: Vec<String> = ranks
-        .iter()
-        .map(|(pid, comm, t)| format!("{pid} ({comm}: {})", crate::nccl::names(t)))
-        .collect();
-    format!(
-        "NCCL ranks of this node would talk to each other through transports the driver \
-         checkpoints but cannot restore: {}; suspending them would leave them unable to run \
-         again. Nothing was done. Start the job with {} (NCCL then talks through sockets), or \
-         pass --no-nccl-check if these processes do not talk to each other through NCCL",
-        each.join(", "),
-        crate::nccl::SOCKETS_ONLY
-    )
 }
