@@ -402,11 +402,15 @@ impl Sim {
 
 impl Drop for Sim {
     fn drop(&mut self) {
-        for &pid in &self.apps {
+        // Every process of each tree, read before any is killed (a dead parent's children
+        // are no longer its children).
+        let all: Vec<i32> = self
+            .apps
+            .iter()
+            .flat_map(|&pid| cuda_checkpoint_ctl::process::tree(pid))
+            .collect();
+        for pid in all {
             signal(pid, nix::sys::signal::Signal::SIGKILL);
-            for kid in cuda_checkpoint_ctl::process::tree(pid) {
-                signal(kid, nix::sys::signal::Signal::SIGKILL);
-            }
         }
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
