@@ -575,3 +575,44 @@ pub fn nccl_app(sim: &mut Sim, name: &str, args: &[&str], extra: &[(&str, &str)]
     sim.adopt(app.pid);
     app
 }
+
+/// A launcher, built with the system's C compiler: `uring-launcher PROGRAM ARGS...` forks a child
+/// that sets up an io_uring (its fd and ring mapping, as libuv's) and waits, then becomes
+/// PROGRAM, so the tree is PROGRAM with an io_uring-holding child.
+pub fn uring_launcher(dir: &Path) -> PathBuf {
+    let src = dir.join("uring-launcher.c");
+    let bin = dir.join("uring-launcher");
+    fs::write(
+        &src,
+        r#"#include <linux/io_uring.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    if (fork() == 0) {
+        struct io_uring_params p;
+        memset(&p, 0, sizeof(p));
+        int fd = syscall(__NR_io_uring_setup, 4, &p);
+        if (fd < 0) return 1;
+        void *sq = mmap(0, p.sq_off.array + p.sq_entries * 4, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQ_RING);
+        if (sq == MAP_FAILED) return 1;
+        for (;;) pause();
+    }
+    execvp(argv[1], argv + 1);
+    return 127;
+}
+"#,
+    )
+    .unwrap();
+    let out = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(out.status.success(), "cc: {}", stderr(&out));
+    bin
+}

@@ -490,3 +490,50 @@ fn nccl_ranks_that_could_not_be_restored_are_refused_and_sockets_only_ranks_rest
     assert!(ok.advances(3), "{}", ok.tail());
     ok.assert_healthy();
 }
+
+/// A process of a CUDA tree holding an io_uring (which CRIU cannot dump) makes the plugin refuse
+/// the dump before anything is locked, naming the process; the application runs on.
+#[test]
+fn an_io_uring_in_a_cuda_tree_is_refused_before_any_lock() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let launcher = uring_launcher(&sim.dir);
+    let log = sim.dir.join("uring.log");
+    let child = setsid_command(&launcher)
+        .arg(artifact("cuda-sim-app"))
+        .args(["--log", log.to_str().unwrap(), "--mib", "8"])
+        .envs(sim.env())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let app = App {
+        pid: reap_in_background(child),
+        log,
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || app.steps() >= 1),
+        "{}",
+        app.tail()
+    );
+    sim.adopt(app.pid);
+    let holder = cuda_checkpoint_ctl::process::children(app.pid);
+    assert_eq!(holder.len(), 1, "{holder:?}");
+    assert!(wait_until(Duration::from_secs(5), || {
+        cuda_checkpoint_ctl::process::io_uring(holder[0]).is_ok_and(|u| u.is_some())
+    }));
+    let images = sim.dir.join("img");
+    let dump_log = failed_dump(&sim, &c, app.pid, &images, &[]);
+    assert!(
+        dump_log.contains(&format!(
+            "process {} (uring-launcher) holds io_uring",
+            holder[0]
+        )) && dump_log.contains("nothing was locked"),
+        "{}",
+        criu::tail(&dump_log, 20)
+    );
+    assert!(!dump_log.contains("locked 1 CUDA"));
+    assert!(app.advances(3), "{}", app.tail());
+    app.assert_healthy();
+}

@@ -3,9 +3,11 @@
 
 mod environ;
 mod hold;
+mod io_uring;
 
 pub use self::environ::{environ, in_root};
 pub use self::hold::{frozen_cgroup, hold, tgid, CgroupVersion, Freezer, Hold};
+pub use self::io_uring::{io_uring, IoUring};
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fs;

@@ -104,6 +104,19 @@ pub enum DumpError {
     NoDriver { processes: Vec<Who>, reason: String },
     #[error("CUDA {who} {}; nothing was locked", .held.describe(.who.pid))]
     Held { who: Who, held: Held },
+    /// A process of the tree holds io_uring instances, which CRIU cannot dump.
+    #[error(
+        "{who} holds io_uring instances ({} fd(s), {} ring mapping(s){}), which CRIU cannot dump: \
+         the dump would fail after the GPU state was checkpointed; nothing was locked. {}",
+        .uring.fds,
+        .uring.mappings,
+        libs(&.uring.libraries),
+        .uring.fix()
+    )]
+    IoUring {
+        who: Who,
+        uring: cuda_checkpoint_ctl::process::IoUring,
+    },
     /// Ranks of one node whose NCCL transports the driver checkpoints but cannot restore.
     #[error("{}", nccl(.ranks))]
     NcclTransports { ranks: Vec<(Who, Vec<Transport>)> },
@@ -206,6 +219,14 @@ fn locks(failures: &[(Who, LockFailure)]) -> String {
          fit in criu's seize time)",
         parts.join("; ")
     )
+}
+
+fn libs(l: &[String]) -> String {
+    if l.is_empty() {
+        String::new()
+    } else {
+        format!("; it maps {}", l.join(", "))
+    }
 }
 
 fn nccl(ranks: &[(Who, Vec<Transport>)]) -> String {

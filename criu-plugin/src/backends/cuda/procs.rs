@@ -2,7 +2,7 @@
 //! place that reads /proc), behind a trait so its decisions can be tested without processes.
 
 use cuda_checkpoint_ctl::nccl;
-use cuda_checkpoint_ctl::process::{self, Libraries};
+use cuda_checkpoint_ctl::process::{self, IoUring, Libraries};
 
 use super::error::Held;
 
@@ -24,6 +24,8 @@ pub trait Procs: Send {
     /// Of `ranks` (CUDA processes of one node with NCCL loaded), those whose NCCL settings leave
     /// a transport on that the driver cannot restore (see `cuda_checkpoint_ctl::nccl`).
     fn nccl_unrestorable(&self, ranks: &[i32]) -> Vec<nccl::Unrestorable>;
+    /// The process's io_uring instances, which CRIU cannot dump.
+    fn io_uring(&self, pid: i32) -> Option<IoUring>;
 }
 
 /// This machine.
@@ -71,6 +73,9 @@ impl Procs for Real {
     }
     fn nccl_unrestorable(&self, ranks: &[i32]) -> Vec<nccl::Unrestorable> {
         nccl::unrestorable(ranks)
+    }
+    fn io_uring(&self, pid: i32) -> Option<IoUring> {
+        process::io_uring(pid).ok().flatten()
     }
     fn kill(&self, pid: i32) {
         let _ = nix::sys::signal::kill(

@@ -20,7 +20,7 @@ use cuda_checkpoint_ctl::driver::ProcessState;
 use cuda_checkpoint_ctl::inventory::Inventory;
 use cuda_checkpoint_ctl::process::Libraries;
 
-use super::error::Who;
+use super::error::{DumpError, Who};
 use super::procs::Procs;
 use super::SpawnGuardian;
 use crate::core::{stats, HookError, HookResult, Host, Settings, Stage, Verdict};
@@ -201,6 +201,19 @@ impl Dump {
                     }
                 };
                 let candidates = self.candidates(&pids);
+                if !candidates.is_empty() {
+                    // CRIU would fail on these after the GPU checkpoint: refused before any lock.
+                    if let Some((pid, uring)) = pids
+                        .iter()
+                        .find_map(|&p| Some((p, self.ctx.procs.io_uring(p)?)))
+                    {
+                        let who = Who {
+                            pid,
+                            comm: self.ctx.procs.comm(pid),
+                        };
+                        return Err(HookError::gpu(DumpError::IoUring { who, uring }));
+                    }
+                }
                 self.phase = Phase::Paused(Tree {
                     scanned: pids.iter().copied().collect(),
                     ..Tree::default()

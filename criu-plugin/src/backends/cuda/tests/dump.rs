@@ -358,3 +358,29 @@ fn huge_pages_are_raised_for_the_checkpoint_and_put_back_whatever_happens() {
     });
     wait_for("returned", || w.gpu.state(10) == R);
 }
+
+/// An io_uring anywhere in a CUDA tree (torchrun's agent holds one, and it maps no GPU) is
+/// refused before any lock, naming the process and the fix; a tree without CUDA is CRIU's alone.
+#[test]
+fn an_io_uring_in_the_tree_is_refused_before_any_lock() {
+    let w = World::new(&[(10, R), (11, R)], &[12]);
+    w.tree.0.lock().unwrap().uring.insert(12);
+    let (mut c, r) = w.dump(Stage::Dump);
+    let e = err_text(&r[0]);
+    assert!(
+        e.contains(
+            "process 12 (app) holds io_uring instances (1 fd(s), 2 ring mapping(s); it \
+                    maps libtorch_cpu.so)"
+        ) && e.contains("USE_LIBUV=0")
+            && e.contains("--rdzv-conf use_libuv=0")
+            && e.contains("nothing was locked"),
+        "{e}"
+    );
+    assert!(w.gpu.m().calls.is_empty(), "{:?}", w.gpu.m().calls);
+    c.exit(&w.host, Stage::Dump, false);
+
+    let w = World::new(&[], &[12, 13]);
+    w.tree.0.lock().unwrap().uring.insert(12);
+    let (_c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| *x == Ok(Verdict::NotMine)), "{r:?}");
+}

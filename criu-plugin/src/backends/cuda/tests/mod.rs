@@ -236,6 +236,8 @@ struct TreeState {
     nccl: BTreeSet<i32>,
     /// NCCL's settings per process (none: NCCL's defaults).
     nccl_config: BTreeMap<i32, nccl::Config>,
+    /// Processes holding io_uring instances.
+    uring: BTreeSet<i32>,
     held: BTreeMap<i32, Held>,
     /// pid -> ns pid (restored processes in a new pid namespace).
     ns: BTreeMap<i32, i32>,
@@ -283,6 +285,18 @@ impl Procs for Tree {
         nccl::check(ranks, |p| {
             t.nccl_config.get(&p).cloned().unwrap_or_default()
         })
+    }
+    fn io_uring(&self, pid: i32) -> Option<cuda_checkpoint_ctl::process::IoUring> {
+        self.0
+            .lock()
+            .unwrap()
+            .uring
+            .contains(&pid)
+            .then(|| cuda_checkpoint_ctl::process::IoUring {
+                fds: 1,
+                mappings: 2,
+                libraries: vec!["libtorch_cpu.so".into()],
+            })
     }
 }
 
