@@ -70,7 +70,7 @@ impl Machine for Real {
     }
 
     fn alive(&self, pid: i32, starttime: u64) -> bool {
-        process::starttime(pid) == Some(starttime) && !process::is_zombie(pid)
+        process::starttime(pid) == Some(starttime) && !process::is_dying(pid)
     }
 
     fn kill(&self, pid: i32) {

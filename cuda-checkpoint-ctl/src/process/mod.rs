@@ -225,6 +225,16 @@ pub fn is_zombie(pid: i32) -> bool {
         .is_ok_and(|s| s.state == 'Z' || s.state == 'X')
 }
 
+/// Whether the process is dead or on its way out: a zombie, or past the start of its exit
+/// (PF_EXITING, set as soon as a SIGKILL is acted on; freeing gigabytes of memory then takes
+/// seconds, during which the process still looks alive).
+pub fn is_dying(pid: i32) -> bool {
+    const PF_EXITING: u32 = 0x4;
+    procfs::process::Process::new(pid)
+        .and_then(|p| p.stat())
+        .is_ok_and(|s| s.state == 'Z' || s.state == 'X' || s.flags & PF_EXITING != 0)
+}
+
 /// A thread's scheduling state letter (`R`, `S`, `T` stopped, `t` traced, ...) and its tracer
 /// (0: none).
 pub fn thread_state(pid: i32, tid: i32) -> Option<(char, i32)> {

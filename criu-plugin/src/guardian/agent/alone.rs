@@ -6,6 +6,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{Agent, Phase, MAX_ALONE};
+
+/// How long the tasks of a successful dump may take to start dying once CRIU is gone, before
+/// the guardian takes them for resumed (a failed post-dump script).
+const COMMIT_GRACE: Duration = Duration::from_secs(2);
 use crate::guardian::proto::{Level, Outcome, Returned, Watch};
 
 impl Agent {
@@ -49,12 +53,20 @@ impl Agent {
                 self.finish_alone("after the dump failed or the tasks were to keep running");
             }
             (_, Phase::Committed) => {
-                let alive: Vec<i32> = self
-                    .tracked
-                    .iter()
-                    .filter(|(p, t)| self.machine.alive(**p, t.starttime))
-                    .map(|(p, _)| *p)
-                    .collect();
+                // CRIU's SIGKILLs may not have been acted on yet: a moment's grace.
+                let grace = Instant::now() + COMMIT_GRACE;
+                let alive = loop {
+                    let alive: Vec<i32> = self
+                        .tracked
+                        .iter()
+                        .filter(|(p, t)| self.machine.alive(**p, t.starttime))
+                        .map(|(p, _)| *p)
+                        .collect();
+                    if alive.is_empty() || Instant::now() > grace {
+                        break alive;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                };
                 if !alive.is_empty() {
                     self.finish_alone(
                         "after a dump CRIU called successful, the dumped processes were left \

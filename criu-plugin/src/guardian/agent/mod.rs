@@ -224,14 +224,7 @@ impl Agent {
                 self.tree.extend(self.machine.descendants(self.criu_pid));
             }
             if criu_gone {
-                // What the plugin said before CRIU ended counts: read it first.
-                while !self.out.alone() && self.wait(Duration::ZERO).0 {
-                    match proto::recv::<Order>(&self.link, &mut buf) {
-                        Ok(Some(Order::Bye)) => self.bye = true,
-                        Ok(Some(order)) => self.handle(order),
-                        Ok(None) | Err(_) => self.out.close(),
-                    }
-                }
+                self.drain(&mut buf);
                 self.criu_gone();
                 return;
             }
@@ -253,12 +246,42 @@ impl Agent {
                 Ok(Some(order)) => self.handle(order),
                 // The plugin's end closed without a goodbye: CRIU is going away.
                 Ok(None) | Err(_) if !self.bye => {
+                    self.drain(&mut buf);
                     self.criu_gone();
                     return;
                 }
                 Ok(None) | Err(_) => self.out.close(),
             }
         }
+    }
+
+    /// Reads every order the plugin sent before CRIU ended: what it said counts, also when a
+    /// report of ours already failed (its orders stay queued on our end). A plugin end closed
+    /// with reports of ours unread makes the next read fail with ECONNRESET once; the orders
+    /// queued behind that are still read.
+    fn drain(&mut self, buf: &mut [u8]) {
+        for _ in 0..10_000 {
+            if !self.order_pending() {
+                return;
+            }
+            match proto::recv::<Order>(&self.link, &mut *buf) {
+                Ok(Some(Order::Bye)) => self.bye = true,
+                Ok(Some(order)) => self.handle(order),
+                Ok(None) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => continue,
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Whether an order from the plugin is queued on the link, whatever became of our reports.
+    fn order_pending(&self) -> bool {
+        let mut fds = [PollFd::new(&self.link, PollFlags::IN)];
+        let ts = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        poll(&mut fds, Some(&ts)).unwrap_or(0) > 0 && fds[0].revents().contains(PollFlags::IN)
     }
 
     /// Waits up to `timeout`: (an order is waiting, CRIU is gone).

@@ -8,6 +8,7 @@
 //! log that keeps growing with `ok` lines across a checkpoint proves the device data survived.
 
 mod driver;
+mod job;
 mod sys;
 
 use std::io::Write;
@@ -56,6 +57,16 @@ struct Args {
     /// fail after the GPU checkpoint (tests).
     #[arg(long)]
     hold_unix_socket: Option<String>,
+    /// Run as a job of this many ranks (forked; logs LOG.rankN) talking over TCP and a shared
+    /// unlinked file, as an NCCL job does (see job.rs).
+    #[arg(long, default_value_t = 0)]
+    ranks: usize,
+    /// The job's store port (rank 0 listens on it).
+    #[arg(long, default_value_t = 29500)]
+    store_port: u16,
+    /// The job's shared file, in MiB.
+    #[arg(long, default_value_t = 4)]
+    shm_mib: usize,
 }
 
 fn log_line(path: &str, line: &str) {
@@ -90,7 +101,7 @@ fn plain_loop(log: &str, interval: Duration) -> ! {
     unreachable!()
 }
 
-fn gpu_loop(args: &Args) -> Result<()> {
+fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
     let _held = match &args.hold_unix_socket {
         Some(p) => Some(
             std::os::unix::net::UnixStream::connect(p)
@@ -129,6 +140,15 @@ fn gpu_loop(args: &Args) -> Result<()> {
         }
         cuda.synchronize()?;
         cuda.dtoh(&mut seen, dptr)?;
+        if let Some(r) = &mut rank {
+            if let Err(e) = r.step(step) {
+                log_line(
+                    &args.log,
+                    &format!("JOB FAILED step={step} pid={pid}: {e:#}"),
+                );
+                std::process::exit(4);
+            }
+        }
         if let Some(i) = (0..words).find(|&i| seen[i] != expect[i]) {
             log_line(
                 &args.log,
@@ -165,6 +185,27 @@ fn main() -> Result<()> {
         }
     }
     let mut me = args.clone();
+    let mut rank = None;
+    if args.ranks > 0 {
+        let plan = job::Plan::new(args.ranks, args.store_port, args.shm_mib)?;
+        let mut mine = None;
+        for r in 0..args.ranks {
+            if sys::fork()? {
+                mine = Some(r);
+                break;
+            }
+        }
+        let Some(r) = mine else {
+            // The parent waits, as torch.multiprocessing's does.
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        };
+        me.log = format!("{}.rank{r}", args.log);
+        me.seed = args.seed.wrapping_add(r as u64 + 1);
+        me.device = args.device + r as i32;
+        rank = Some(plan.join(r).context("joining the job")?);
+    }
     for i in 0..args.children {
         if sys::fork()? {
             me.log = format!("{}.gpu{i}", args.log);
@@ -178,7 +219,7 @@ fn main() -> Result<()> {
     if me.plain {
         plain_loop(&me.log, interval);
     }
-    if let Err(e) = gpu_loop(&me).context("GPU loop") {
+    if let Err(e) = gpu_loop(&me, rank).context("GPU loop") {
         log_line(&me.log, &format!("ERROR pid={} {e:#}", std::process::id()));
         std::process::exit(2);
     }

@@ -27,3 +27,69 @@ pub fn reap_children_automatically() {
         )
     };
 }
+
+/// A file mapped shared by every process that inherits it, unlinked at once (as NCCL's
+/// `/dev/shm/nccl-*` files are): what CRIU dumps as a ghost file.
+pub struct SharedFile {
+    base: std::ptr::NonNull<std::ffi::c_void>,
+    len: usize,
+    _file: std::fs::File,
+}
+
+impl SharedFile {
+    pub fn create_unlinked(path: &str, len: usize) -> anyhow::Result<SharedFile> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        std::fs::remove_file(path)?;
+        file.set_len(len as u64)?;
+        let size = std::num::NonZeroUsize::new(len).ok_or_else(|| anyhow::anyhow!("empty"))?;
+        // SAFETY: a fresh shared mapping of a file we own and keep open, of its full length.
+        let base = unsafe {
+            nix::sys::mman::mmap(
+                None,
+                size,
+                nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
+                nix::sys::mman::MapFlags::MAP_SHARED,
+                &file,
+                0,
+            )?
+        };
+        Ok(SharedFile {
+            base,
+            len,
+            _file: file,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off + len <= self.len);
+        // SAFETY: within the mapping, which lives as long as self; other processes write it
+        // concurrently, which the readers tolerate (they compare, never trust, the contents).
+        unsafe { std::slice::from_raw_parts((self.base.as_ptr() as *const u8).add(off), len) }
+    }
+
+    pub fn fill(&self, off: usize, len: usize, byte: u8) {
+        assert!(off + len <= self.len);
+        // SAFETY: within the mapping; each rank writes only its own slot.
+        unsafe { std::ptr::write_bytes((self.base.as_ptr() as *mut u8).add(off), byte, len) }
+    }
+
+    pub fn write_u32(&self, off: usize, v: u32) {
+        assert!(off + 4 <= self.len);
+        // SAFETY: within the mapping, 4-byte aligned (offsets are multiples of 4).
+        unsafe { std::ptr::write_volatile((self.base.as_ptr() as *mut u8).add(off) as *mut u32, v) }
+    }
+
+    pub fn read_u32(&self, off: usize) -> u32 {
+        assert!(off + 4 <= self.len);
+        // SAFETY: as in write_u32.
+        unsafe { std::ptr::read_volatile((self.base.as_ptr() as *const u8).add(off) as *const u32) }
+    }
+}

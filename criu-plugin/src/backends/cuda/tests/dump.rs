@@ -384,3 +384,29 @@ fn an_io_uring_in_the_tree_is_refused_before_any_lock() {
     let (_c, r) = w.dump(Stage::Dump);
     assert!(r.iter().all(|x| *x == Ok(Verdict::NotMine)), "{r:?}");
 }
+
+/// CRIU ends right after a successful dump, while the guardian is still putting the huge page
+/// policy back (its report of that fails: CRIU is gone): the Commit the plugin sent before must
+/// still count. Here the fake processes outlive the dump, so the guardian treats them as resumed
+/// by a failed post-dump script; without the Commit it took the dump for one CRIU died in.
+#[test]
+fn orders_sent_before_criu_ended_count_even_when_a_report_fails() {
+    let w = World::new(&[(10, R)], &[]);
+    w.gpu.m().thp = Some(fake_thp("always [madvise] never"));
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()));
+    c.exit(&w.host, Stage::Dump, true);
+    w.guardians.criu_dies();
+    wait_for("settled alone", || {
+        w.gpu
+            .m()
+            .record
+            .iter()
+            .any(|l| l.contains("returned to its state"))
+    });
+    let rec = w.gpu.m().record.join("\n");
+    assert!(
+        rec.contains("post-dump script") && !rec.contains("in the middle of a dump"),
+        "{rec}"
+    );
+}

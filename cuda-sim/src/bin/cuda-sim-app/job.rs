@@ -1,0 +1,174 @@
+//! `--ranks N`: the application as a distributed job of N ranks under one parent, with the
+//! resources a PyTorch NCCL job holds besides the GPU (docs/driver-facts.md, D1): rank 0 serves a
+//! TCPStore-like listener on `[::]` that every rank stays connected to (over ::ffff:127.0.0.1),
+//! each rank listens on an ephemeral port of 127.0.0.1 and the ranks connect in a ring (accepted
+//! sockets share their listener's port), and an unlinked shared-memory file in /dev/shm that all
+//! ranks write (NCCL's `nccl-*` files). Every step each rank writes its slot of the file, sends the
+//! step and its slot's hash to the next rank and checks what the previous one sent against the
+//! previous slot: a job restored with a connection, a byte of the file or a step lost says so.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::sys::SharedFile;
+
+/// Bytes at the head of the file: one port per rank.
+const HEADER: usize = 4096;
+
+pub struct Rank {
+    pub rank: usize,
+    ranks: usize,
+    file: SharedFile,
+    slot: usize,
+    next: TcpStream,
+    prev: TcpStream,
+    store: TcpStream,
+    /// Rank 0: the store's listener and its accepted connections.
+    served: Vec<TcpStream>,
+    _listeners: Vec<TcpListener>,
+}
+
+/// Made by the parent before it forks the ranks: the shared file, already unlinked.
+pub struct Plan {
+    pub ranks: usize,
+    pub store_port: u16,
+    file: SharedFile,
+}
+
+impl Plan {
+    pub fn new(ranks: usize, store_port: u16, shm_mib: usize) -> Result<Plan> {
+        let name = format!("/dev/shm/cuda-sim-job-{}", std::process::id());
+        let file = SharedFile::create_unlinked(&name, HEADER + shm_mib.max(1) * (1 << 20))?;
+        Ok(Plan {
+            ranks,
+            store_port,
+            file,
+        })
+    }
+
+    /// Joins the job as `rank` (in the forked rank process).
+    pub fn join(self, rank: usize) -> Result<Rank> {
+        let n = self.ranks;
+        let slot = (self.file.len() - HEADER) / n;
+        let mut listeners = Vec::new();
+        if rank == 0 {
+            let l = TcpListener::bind(("::", self.store_port)).context("store listener")?;
+            listeners.push(l);
+        }
+        let ring = TcpListener::bind("127.0.0.1:0").context("ring listener")?;
+        let port = ring.local_addr()?.port();
+        self.file.write_u32(rank * 4, port as u32);
+        let store = connect(&format!("[::ffff:127.0.0.1]:{}", self.store_port))?;
+        let served = match listeners.first() {
+            Some(l) => (0..n)
+                .map(|_| Ok(l.accept()?.0))
+                .collect::<Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        let next_port = wait_port(&self.file, (rank + 1) % n)?;
+        let next = connect(&format!("127.0.0.1:{next_port}"))?;
+        let prev = ring.accept()?.0;
+        listeners.push(ring);
+        for s in [&next, &prev] {
+            s.set_read_timeout(Some(Duration::from_secs(600)))?;
+        }
+        Ok(Rank {
+            rank,
+            ranks: n,
+            file: self.file,
+            slot,
+            next,
+            prev,
+            store,
+            served,
+            _listeners: listeners,
+        })
+    }
+}
+
+fn connect(addr: &str) -> Result<TcpStream> {
+    let start = Instant::now();
+    loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => return Ok(s),
+            Err(_) if start.elapsed() < Duration::from_secs(20) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => return Err(e).with_context(|| format!("connecting {addr}")),
+        }
+    }
+}
+
+fn wait_port(file: &SharedFile, rank: usize) -> Result<u16> {
+    let start = Instant::now();
+    loop {
+        match file.read_u32(rank * 4) {
+            0 if start.elapsed() < Duration::from_secs(20) => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            0 => bail!("rank {rank} never published its port"),
+            p => return Ok(p as u16),
+        }
+    }
+}
+
+fn pattern(rank: usize, step: u64) -> u8 {
+    (rank as u64 * 31 + step) as u8
+}
+
+impl Rank {
+    fn slot_hash(&self, rank: usize) -> u64 {
+        self.file
+            .bytes(HEADER + rank * self.slot, self.slot)
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ *b as u64).wrapping_mul(0x1000_0000_01b3)
+            })
+    }
+
+    /// One step of the job: write this rank's slot, pass the step round the ring, check the
+    /// previous rank's message and slot. Returns a word for the log, or what is wrong.
+    pub fn step(&mut self, step: u64) -> Result<()> {
+        let (off, len) = (HEADER + self.rank * self.slot, self.slot);
+        self.file.fill(off, len, pattern(self.rank, step));
+        let mut msg = [0u8; 16];
+        msg[..8].copy_from_slice(&step.to_le_bytes());
+        msg[8..].copy_from_slice(&self.slot_hash(self.rank).to_le_bytes());
+        self.next.write_all(&msg).context("ring send")?;
+        self.store
+            .write_all(&step.to_le_bytes())
+            .context("store send")?;
+        let mut got = [0u8; 16];
+        self.prev.read_exact(&mut got).context("ring receive")?;
+        let prev = (self.rank + self.ranks - 1) % self.ranks;
+        let their_step = u64::from_le_bytes(got[..8].try_into().unwrap());
+        let their_hash = u64::from_le_bytes(got[8..].try_into().unwrap());
+        if their_step != step {
+            bail!("rank {prev} sent step {their_step}, this rank is at step {step}");
+        }
+        // The previous rank wrote its slot before it sent: the file must show that step, or a
+        // later one (a rank can run ahead by less than a lap of the ring).
+        let seen = self.file.bytes(HEADER + prev * self.slot, 1)[0];
+        let ahead = (0..=self.ranks as u64).any(|a| seen == pattern(prev, step + a));
+        if !ahead {
+            bail!("rank {prev}'s part of the shared file holds {seen:#x} at step {step}");
+        }
+        if their_hash == 0 {
+            bail!("rank {prev} sent no hash");
+        }
+        let mut sink = [0u8; 4096];
+        for s in &mut self.served {
+            s.set_nonblocking(true)?;
+            while let Ok(n) = s.read(&mut sink) {
+                if n == 0 {
+                    bail!("a rank closed its store connection");
+                }
+            }
+            s.set_nonblocking(false)?;
+        }
+        Ok(())
+    }
+}
