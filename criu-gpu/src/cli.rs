@@ -25,6 +25,30 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Checkpoint a GPU job (a process and its descendants: one process, or the ranks of a
+    /// distributed job) with CRIU, choosing the CRIU options it needs from what it holds, after
+    /// a preflight that names every problem with its fix.
+    Dump {
+        /// The job's root process.
+        pid: i32,
+        /// The image directory to write.
+        dir: PathBuf,
+        #[command(flatten)]
+        common: JobArgs,
+        /// Leave the job running after the checkpoint (a snapshot).
+        #[arg(long)]
+        leave_running: bool,
+    },
+    /// Restore a job checkpointed with `criu-gpu dump`, with the options it was dumped with.
+    Restore {
+        /// The image directory.
+        dir: PathBuf,
+        #[command(flatten)]
+        common: JobArgs,
+        /// Restore onto other GPUs: OLD_UUID=NEW_UUID[,...] or `auto` (CRIU_GPU_DEVICE_MAP).
+        #[arg(long)]
+        device_map: Option<String>,
+    },
     /// Can this node restore that checkpoint's GPU state? (driver, GPUs, free memory, image integrity)
     Check {
         /// A CRIU image directory, a Podman/CRI-O/kubelet archive (.tar, .tar.gz, .tar.zst),
@@ -67,6 +91,19 @@ pub enum Command {
     /// Kubernetes: checkpoint, drain and restore the GPU workloads of a node.
     #[command(subcommand)]
     Node(NodeCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    /// Check and print the CRIU command line; freeze nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The criu to run (default: $CRIU, then PATH, then /usr/local/sbin/criu).
+    #[arg(long)]
+    pub criu: Option<PathBuf>,
+    /// More CRIU options, passed as they are (after `--`).
+    #[arg(last = true)]
+    pub extra: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -6,6 +6,7 @@ use std::process::Command;
 
 use serde::Serialize;
 
+use crate::criu_bin;
 use crate::human::bytes;
 use crate::out;
 
@@ -125,31 +126,6 @@ fn privileges() -> Finding {
     ok("root", "root with CAP_SYS_ADMIN and CAP_SYS_PTRACE")
 }
 
-/// CRIU's binary: $CRIU, then PATH, then where scripts/install-criu.sh puts it.
-fn find_criu() -> Option<PathBuf> {
-    let mut candidates: Vec<PathBuf> = std::env::var_os("CRIU")
-        .map(PathBuf::from)
-        .into_iter()
-        .collect();
-    if let Some(path) = std::env::var_os("PATH") {
-        candidates.extend(std::env::split_paths(&path).map(|d| d.join("criu")));
-    }
-    candidates.extend(["/usr/local/sbin/criu", "/usr/sbin/criu"].map(PathBuf::from));
-    candidates.into_iter().find(|p| p.is_file())
-}
-
-fn version_of(criu: &Path) -> Option<(u32, u32, String)> {
-    let out = Command::new(criu).arg("--version").output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Version: "))?
-        .trim()
-        .to_owned();
-    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    Some((parts.next()?, parts.next().unwrap_or(0), v))
-}
-
 /// The plugin directory CRIU uses: a `lib` line of its settings, else its default.
 fn plugin_dir() -> (PathBuf, String) {
     for conf in ["/etc/criu/default.conf", "/etc/criu/runc.conf"] {
@@ -164,7 +140,7 @@ fn plugin_dir() -> (PathBuf, String) {
 
 fn criu() -> Vec<Finding> {
     let mut f = Vec::new();
-    let Some(bin) = find_criu() else {
+    let Some(bin) = criu_bin::find_criu() else {
         f.push(problem(
             "criu",
             Status::Fail,
@@ -173,7 +149,7 @@ fn criu() -> Vec<Finding> {
         ));
         return f;
     };
-    f.push(match version_of(&bin) {
+    f.push(match criu_bin::version_of(&bin) {
         None => problem(
             "criu",
             Status::Fail,

@@ -1,6 +1,7 @@
 //! What can go wrong in a `criu-gpu` command, in operators' words, and the exit status of each.
 
 use crate::archive::ArchiveError;
+use crate::job::JobError;
 use crate::node::NodeError;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +18,9 @@ pub enum Error {
     /// The command ran and its answer is "no" (a refused restore, a node not ready).
     #[error("{0}")]
     Refused(String),
+    /// A job's dump or restore was refused or failed.
+    #[error(transparent)]
+    Job(#[from] JobError),
 }
 
 impl Error {
@@ -24,7 +28,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) | Error::Archive(_) => 2,
-            Error::Node(_) | Error::Refused(_) => 1,
+            Error::Node(_) | Error::Refused(_) | Error::Job(_) => 1,
         }
     }
 
@@ -35,6 +39,8 @@ impl Error {
             Error::Archive(_) => "unreadable-checkpoint",
             Error::Node(_) => "node",
             Error::Refused(_) => "refused",
+            Error::Job(JobError::Refused(_)) => "refused",
+            Error::Job(_) => "job",
         }
     }
 }

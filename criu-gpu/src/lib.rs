@@ -1,14 +1,17 @@
-//! `criu-gpu`, the operator's command around GPU checkpoints: `check` and `inspect` read a
+//! `criu-gpu`, the operator's command around GPU checkpoints: `dump` and `restore` take a GPU
+//! job through CRIU with the options it needs ([`job`]); `check` and `inspect` read a
 //! checkpoint wherever it is ([`archive`]), `doctor` looks at this node ([`doctor`]), and
 //! `node` checkpoints, drains and restores the GPU workloads of a Kubernetes node ([`node`]),
 //! writing checkpoint archives as OCI images ([`oci`]) that CRI-O restores from.
 
 pub mod archive;
 pub mod cli;
+pub mod criu_bin;
 pub mod doctor;
 pub mod error;
 pub mod human;
 pub mod inspect;
+pub mod job;
 pub mod node;
 pub mod oci;
 pub mod out;

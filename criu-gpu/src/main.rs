@@ -11,7 +11,7 @@ use criu_gpu::archive::Checkpoint;
 use criu_gpu::cli::{Cli, Command, KubeArgs, NodeCommand, SelectArgs};
 use criu_gpu::error::Error;
 use criu_gpu::node::{drain, http::Tls, restore, Access};
-use criu_gpu::{doctor, inspect, oci, out};
+use criu_gpu::{cli, doctor, inspect, job, oci, out};
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
         .without_time()
         .with_max_level(level)
         .try_init();
-    match run(cli.command, cli.json) {
+    match run(cli.command, cli.json, cli.verbose > 0) {
         Ok(code) => ExitCode::from(code),
         Err(e) => report(&e, json),
     }
@@ -59,8 +59,31 @@ fn report(e: &Error, json: bool) -> ExitCode {
     ExitCode::from(e.exit_code())
 }
 
-fn run(command: Command, json: bool) -> Result<u8, Error> {
+fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
     match command {
+        Command::Dump {
+            pid,
+            dir,
+            common,
+            leave_running,
+        } => {
+            let o = job::dump(pid, leave_running, &job_request(dir, common, verbose))?;
+            if json {
+                out::json(&o);
+            }
+            Ok(0)
+        }
+        Command::Restore {
+            dir,
+            common,
+            device_map,
+        } => {
+            let o = job::restore(device_map.as_deref(), &job_request(dir, common, verbose))?;
+            if json {
+                out::json(&o);
+            }
+            Ok(0)
+        }
         Command::Check { path } => check(&path, json),
         Command::Inspect { path } => {
             let c = Checkpoint::open(&path)?;
@@ -288,5 +311,15 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
             }
             Ok(1)
         }
+    }
+}
+
+fn job_request(dir: std::path::PathBuf, a: cli::JobArgs, verbose: bool) -> job::Request {
+    job::Request {
+        dir,
+        dry_run: a.dry_run,
+        criu: a.criu,
+        extra: a.extra,
+        verbose,
     }
 }

@@ -2,12 +2,18 @@
 //! facts about a process this crate needs from /proc. The one place that reads /proc.
 
 mod environ;
+mod files;
 mod hold;
 mod io_uring;
+mod net;
 
 pub use self::environ::{environ, in_root};
+pub use self::files::{
+    fds, has_terminal, lock_holders, session, socket_inodes, unlinked, Unlinked,
+};
 pub use self::hold::{frozen_cgroup, hold, tgid, CgroupVersion, Freezer, Hold};
 pub use self::io_uring::{io_uring, IoUring};
+pub use self::net::{tcp_sockets, TcpSocket, TcpState};
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fs;

@@ -144,7 +144,7 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
             if let Err(e) = r.step(step) {
                 log_line(
                     &args.log,
-                    &format!("JOB FAILED step={step} pid={pid}: {e:#}"),
+                    &format!("ERROR job step={step} pid={pid}: {e:#}"),
                 );
                 std::process::exit(4);
             }

@@ -1,0 +1,405 @@
+//! `criu-gpu dump PID DIR` and `criu-gpu restore DIR`: a GPU job outside containers (one
+//! process, a process tree, the ranks of a distributed job) checkpointed and restored with the
+//! installed CRIU and the plugin, with the CRIU options the job needs chosen from what it holds
+//! ([`plan`]), every problem named with its fix before anything is frozen, and progress shown as
+//! CRIU goes ([`progress`]). The options the restore needs are kept in the image directory
+//! ([`record`]). Plain `criu dump` and `criu restore` are unchanged.
+
+pub mod facts;
+pub mod plan;
+pub mod progress;
+pub mod record;
+pub mod run;
+mod signals;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cuda_checkpoint_ctl::process::{self, TcpState};
+use serde::Serialize;
+
+use self::facts::JobFacts;
+use self::plan::{NetworkLock, Plan, Problem};
+use self::record::JobRecord;
+use crate::{criu_bin, out};
+
+/// The longest a dump or restore may run (32 GiB jobs take well under a minute on an H200).
+const LIMIT: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("process {0} does not exist")]
+    NoProcess(i32),
+    #[error("no criu found ($CRIU, PATH, /usr/local/sbin): install it (scripts/install.sh) or name it with --criu PATH")]
+    NoCriu,
+    #[error("{path} is CRIU {version}; GPU jobs need CRIU 4.0 or later: install the project's CRIU (scripts/install.sh) or name it with --criu PATH")]
+    OldCriu { path: String, version: String },
+    #[error("{} problem(s) to fix first; nothing was done", .0.len())]
+    Refused(Vec<Problem>),
+    #[error("criu {phase} failed ({status}); {after}. CRIU's log: {log}{}", last_lines(.errors))]
+    Failed {
+        phase: &'static str,
+        status: String,
+        after: &'static str,
+        log: String,
+        errors: Vec<String>,
+    },
+    #[error("{0} holds no {file}: it was not made by `criu-gpu dump`; restore it with `criu restore` and the options it was dumped with", file = record::FILE)]
+    NoRecord(String),
+    #[error("{0}")]
+    Record(#[from] criu_gpu_image::record::RecordError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+fn last_lines(errors: &[String]) -> String {
+    let tail: Vec<&String> = errors.iter().rev().take(4).collect();
+    tail.iter()
+        .rev()
+        .map(|l| format!("\n  {l}"))
+        .collect::<String>()
+}
+
+/// What a dump or restore is asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub dir: PathBuf,
+    pub dry_run: bool,
+    pub criu: Option<PathBuf>,
+    /// Options passed to criu as they are, after the chosen ones.
+    pub extra: Vec<String>,
+    /// CRIU's log at -v4 instead of -v3.
+    pub verbose: bool,
+}
+
+/// What was done.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub command: Vec<String>,
+    pub dry_run: bool,
+    pub plan: Plan,
+    pub seconds: f64,
+    /// The images' size (dump) or the restored tree's root (restore).
+    pub image_bytes: Option<u64>,
+    pub restored_root: Option<i32>,
+}
+
+fn criu(r: &Request) -> Result<PathBuf, JobError> {
+    let path = r
+        .criu
+        .clone()
+        .or_else(criu_bin::find_criu)
+        .ok_or(JobError::NoCriu)?;
+    match criu_bin::version_of(&path) {
+        Some((major, _, _)) if major >= 4 => Ok(path),
+        other => Err(JobError::OldCriu {
+            path: path.display().to_string(),
+            version: other.map_or("of an unknown version".into(), |v| v.2),
+        }),
+    }
+}
+
+fn verbosity(r: &Request) -> &'static str {
+    if r.verbose {
+        "-v4"
+    } else {
+        "-v3"
+    }
+}
+
+fn show_plan(plan: &Plan) {
+    for c in plan.common.iter().chain(&plan.dump) {
+        out::line(format!("option: {} ({})", c.args.join(" "), c.why));
+    }
+    for n in &plan.notes {
+        out::line(format!("note: {n}"));
+    }
+    for p in &plan.problems {
+        out::line(format!("problem: {}", p.what));
+        if !p.fix.is_empty() {
+            out::line(format!("  fix: {}", p.fix));
+        }
+    }
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Dumps the job rooted at `pid` into `r.dir` (killing it, unless `leave_running`).
+pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobError> {
+    let criu = criu(r)?;
+    let facts = JobFacts::read(pid).ok_or(JobError::NoProcess(pid))?;
+    let lock = if facts.established().next().is_some() {
+        NetworkLock::detect(&criu)
+    } else {
+        None
+    };
+    let plan = Plan::make(&facts, lock);
+    show_plan(&plan);
+    if !plan.problems.is_empty() {
+        return Err(JobError::Refused(plan.problems));
+    }
+    let mut args: Vec<String> = ["dump", "-t", &pid.to_string(), "-D"]
+        .map(str::to_owned)
+        .to_vec();
+    args.push(r.dir.display().to_string());
+    args.extend([verbosity(r), "-o", "dump.log"].map(str::to_owned));
+    args.extend(plan.dump_args());
+    if leave_running {
+        args.push("--leave-running".into());
+    }
+    args.extend(r.extra.iter().cloned());
+    let mut command = vec![criu.display().to_string()];
+    command.extend(args.iter().cloned());
+    if r.dry_run {
+        out::line(format!("would run: {}", command.join(" ")));
+        return Ok(Outcome {
+            command,
+            dry_run: true,
+            plan,
+            seconds: 0.0,
+            image_bytes: None,
+            restored_root: None,
+        });
+    }
+    let io = |what: &str| {
+        let what = what.to_owned();
+        move |source| JobError::Io { what, source }
+    };
+    std::fs::create_dir_all(&r.dir).map_err(io("creating the image directory"))?;
+    out::line(format!("running: {}", command.join(" ")));
+    let ran = run::criu(&criu, &args, &[], &r.dir.join("dump.log"), "dumping", LIMIT)
+        .map_err(io("running criu"))?;
+    if !ran.ok {
+        return Err(JobError::Failed {
+            phase: "dump",
+            status: ran.status,
+            after: "the job's processes are left running as they were: the plugin puts their \
+                    GPU state back",
+            log: r.dir.join("dump.log").display().to_string(),
+            errors: ran.errors,
+        });
+    }
+    JobRecord {
+        root: pid,
+        members: facts
+            .members
+            .iter()
+            .map(|m| (m.pid, m.starttime, m.comm.clone()))
+            .collect(),
+        listeners: facts.listeners(),
+        restore_args: plan.restore_args(),
+        dumped_at: now(),
+    }
+    .write(&r.dir)?;
+    let bytes = dir_bytes(&r.dir);
+    out::line(format!(
+        "dumped {} process(es) into {} in {:.1} s: {} of images ({})",
+        facts.members.len(),
+        r.dir.display(),
+        ran.took.as_secs_f64(),
+        crate::human::bytes(bytes),
+        crate::human::gbps(bytes, ran.took)
+    ));
+    Ok(Outcome {
+        command,
+        dry_run: false,
+        plan,
+        seconds: ran.took.as_secs_f64(),
+        image_bytes: Some(bytes),
+        restored_root: None,
+    })
+}
+
+/// What stops a restore of `rec` on this host: pids and listening addresses in use.
+fn restore_problems(rec: &JobRecord) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    // The processes of a dump that just ended may still be on their way out.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while rec.members.iter().any(|(p, _, _)| process::exists(*p))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (pid, started, comm) in &rec.members {
+        if !process::exists(*pid) {
+            continue;
+        }
+        let (what, fix) = if process::starttime(*pid) == Some(*started) {
+            (
+                format!("process {pid} ({comm}) of the dumped job still runs"),
+                "stop the job first (a dump with --leave-running leaves it running): CRIU \
+                 restores processes with their pids",
+            )
+        } else {
+            (
+                format!(
+                    "pid {pid} ({comm} in the job) is taken by another process ({})",
+                    process::name(*pid)
+                ),
+                "CRIU restores processes with their pids: wait for that process to end, or \
+                 restore in a new pid namespace (a container)",
+            )
+        };
+        problems.push(Problem {
+            what,
+            fix: fix.into(),
+        });
+    }
+    let me = std::process::id() as i32;
+    for addr in &rec.listeners {
+        // CRIU binds with SO_REUSEADDR and SO_REUSEPORT: only another listener is in the way
+        // (connections in TIME_WAIT after a failed restore are not).
+        let taken = process::tcp_sockets(me).into_iter().find(|s| {
+            s.state == TcpState::Listen
+                && s.local.port() == addr.port()
+                && (s.local.ip() == addr.ip()
+                    || s.local.ip().is_unspecified()
+                    || addr.ip().is_unspecified())
+        });
+        if let Some(s) = taken {
+            problems.push(Problem {
+                what: format!(
+                    "the job listened on {addr}, and {} holds {} now",
+                    holder(s.inode),
+                    s.local
+                ),
+                fix: "stop that process, or wait for it to let the port go".into(),
+            });
+        }
+    }
+    problems
+}
+
+fn holder(inode: u64) -> String {
+    process::all_pids()
+        .into_iter()
+        .find(|p| process::socket_inodes(*p).contains(&inode))
+        .map_or("another process".into(), |p| {
+            format!("process {p} ({})", process::name(p))
+        })
+}
+
+/// Restores the job dumped into `r.dir`, onto the GPUs of `device_map` if given.
+pub fn restore(device_map: Option<&str>, r: &Request) -> Result<Outcome, JobError> {
+    let criu = criu(r)?;
+    let rec =
+        JobRecord::read(&r.dir)?.ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
+    let mut env = Vec::new();
+    if let Some(map) = device_map {
+        env.push(("CRIU_GPU_DEVICE_MAP".to_owned(), map.to_owned()));
+        // The node check below reads the settings the plugin will read.
+        std::env::set_var("CRIU_GPU_DEVICE_MAP", map);
+    }
+    let mut plan = Plan {
+        common: Vec::new(),
+        dump: Vec::new(),
+        problems: restore_problems(&rec),
+        notes: Vec::new(),
+    };
+    criu_gpu_image::settings::export_file_settings();
+    if let Err(e) = criu_gpu_image::node::check(&r.dir, false) {
+        plan.problems.push(Problem {
+            what: e.to_string(),
+            fix: String::new(),
+        });
+    }
+    let mut args: Vec<String> = vec!["restore".into(), "-D".into(), r.dir.display().to_string()];
+    args.extend(
+        [
+            "-d",
+            "--pidfile",
+            "restore.pid",
+            verbosity(r),
+            "-o",
+            "restore.log",
+        ]
+        .map(str::to_owned),
+    );
+    args.extend(rec.restore_args.iter().cloned());
+    args.extend(r.extra.iter().cloned());
+    if !rec.restore_args.is_empty() {
+        plan.notes.push(format!(
+            "restore options as dumped: {}",
+            rec.restore_args.join(" ")
+        ));
+    }
+    show_plan(&plan);
+    if !plan.problems.is_empty() {
+        return Err(JobError::Refused(plan.problems));
+    }
+    let mut command = vec![criu.display().to_string()];
+    command.extend(args.iter().cloned());
+    if r.dry_run {
+        out::line(format!("would run: {}", command.join(" ")));
+        return Ok(Outcome {
+            command,
+            dry_run: true,
+            plan,
+            seconds: 0.0,
+            image_bytes: None,
+            restored_root: None,
+        });
+    }
+    out::line(format!("running: {}", command.join(" ")));
+    let pidfile = r.dir.join("restore.pid");
+    let _ = std::fs::remove_file(&pidfile);
+    let ran = run::criu(
+        &criu,
+        &args,
+        &env,
+        &r.dir.join("restore.log"),
+        "restoring",
+        LIMIT,
+    )
+    .map_err(|source| JobError::Io {
+        what: "running criu".into(),
+        source,
+    })?;
+    if !ran.ok {
+        return Err(JobError::Failed {
+            phase: "restore",
+            status: ran.status,
+            after: "nothing of the job was left running and the images are unchanged: fix the \
+                    cause and run criu-gpu restore again",
+            log: r.dir.join("restore.log").display().to_string(),
+            errors: ran.errors,
+        });
+    }
+    let root = std::fs::read_to_string(&pidfile)
+        .ok()
+        .and_then(|t| t.trim().parse().ok());
+    out::line(format!(
+        "restored {} process(es) in {:.1} s{}",
+        rec.members.len(),
+        ran.took.as_secs_f64(),
+        root.map_or(String::new(), |p: i32| format!(
+            "; the job's root is pid {p}"
+        ))
+    ));
+    Ok(Outcome {
+        command,
+        dry_run: false,
+        plan,
+        seconds: ran.took.as_secs_f64(),
+        image_bytes: None,
+        restored_root: root,
+    })
+}

@@ -1,0 +1,294 @@
+//! From what a job holds and what this node's CRIU can do, the CRIU options its dump and restore
+//! need, each with the reason, and the problems that must be fixed before anything is frozen,
+//! each with its fix.
+
+use std::path::Path;
+use std::process::Command;
+
+use cuda_checkpoint_ctl::nccl;
+use serde::Serialize;
+
+use super::facts::JobFacts;
+use crate::human::bytes;
+
+/// CRIU copies unlinked files into the images whole, up to `--ghost-limit` (1 MiB by default).
+const GHOST_DEFAULT: u64 = 1 << 20;
+/// Above this an unlinked file is refused: a job should not carry gigabytes of deleted files.
+pub const GHOST_CAP: u64 = 1 << 30;
+/// CRIU's seize budget: NCCL ranks may need a moment to finish a collective before their locks.
+const SEIZE_TIMEOUT_S: u32 = 30;
+
+/// Something that must be fixed before the job can be dumped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    pub what: String,
+    pub fix: String,
+}
+
+/// A CRIU option and why it is there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Choice {
+    pub args: Vec<String>,
+    pub why: String,
+}
+
+/// The network lock this node can take while TCP connections are dumped and restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum NetworkLock {
+    Nftables,
+    Iptables,
+}
+
+impl NetworkLock {
+    /// What this node's CRIU and tools can do: nftables through CRIU's own library where it was
+    /// built with it (no tool needed), else iptables where iptables-restore runs.
+    pub fn detect(criu: &Path) -> Option<NetworkLock> {
+        let ok = |cmd: &mut Command| cmd.output().is_ok_and(|o| o.status.success());
+        if ok(Command::new(criu).args(["check", "--feature", "network_lock_nftables"])) {
+            return Some(NetworkLock::Nftables);
+        }
+        let ipt = ok(Command::new("iptables-restore").arg("--version"))
+            && ok(Command::new("ip6tables-restore").arg("--version"));
+        ipt.then_some(NetworkLock::Iptables)
+    }
+
+    fn word(self) -> &'static str {
+        match self {
+            NetworkLock::Nftables => "nftables",
+            NetworkLock::Iptables => "iptables",
+        }
+    }
+}
+
+/// The dump's plan.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Plan {
+    /// Options for both the dump and the restore.
+    pub common: Vec<Choice>,
+    /// Options of the dump alone.
+    pub dump: Vec<Choice>,
+    pub problems: Vec<Problem>,
+    /// What the operator should know (not a problem).
+    pub notes: Vec<String>,
+}
+
+impl Plan {
+    pub fn make(facts: &JobFacts, lock: Option<NetworkLock>) -> Plan {
+        let mut p = Plan::default();
+        p.io_uring(facts);
+        p.nccl(facts);
+        p.ghosts(facts);
+        p.tcp(facts, lock);
+        if facts.shell_job {
+            p.common.push(Choice {
+                args: vec!["--shell-job".into()],
+                why: "the job runs in a shell's session or has a terminal open".into(),
+            });
+        }
+        if !facts.locks.is_empty() {
+            p.common.push(Choice {
+                args: vec!["--file-locks".into()],
+                why: format!("processes {:?} hold file locks", facts.locks),
+            });
+        }
+        p.dump.push(Choice {
+            args: vec!["--timeout".into(), SEIZE_TIMEOUT_S.to_string()],
+            why: "the GPU locks wait for work in flight (an NCCL collective) inside CRIU's \
+                  seize time"
+                .into(),
+        });
+        if !facts.members.iter().any(|m| m.cuda) {
+            p.notes
+                .push("no process of the job maps the CUDA driver: a plain CRIU dump".into());
+        }
+        p
+    }
+
+    fn io_uring(&mut self, facts: &JobFacts) {
+        for m in &facts.members {
+            if let Some(u) = &m.io_uring {
+                let libs = if u.libraries.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (it maps {})", u.libraries.join(", "))
+                };
+                self.problems.push(Problem {
+                    what: format!(
+                        "process {} ({}) holds io_uring instances{libs}, which CRIU cannot dump",
+                        m.pid, m.comm
+                    ),
+                    fix: u.fix(),
+                });
+            }
+        }
+    }
+
+    fn nccl(&mut self, facts: &JobFacts) {
+        let ranks: Vec<i32> = facts
+            .members
+            .iter()
+            .filter(|m| m.cuda && m.nccl)
+            .map(|m| m.pid)
+            .collect();
+        for u in nccl::unrestorable(&ranks) {
+            let comm = facts
+                .members
+                .iter()
+                .find(|m| m.pid == u.pid)
+                .map_or("?", |m| m.comm.as_str());
+            self.problems.push(Problem {
+                what: format!(
+                    "NCCL rank {} ({comm}) would talk to the other ranks of this node through {}, \
+                     which the NVIDIA driver checkpoints but cannot restore (r580: \
+                     CUDA_ERROR_NOT_SUPPORTED): the job could never run again",
+                    u.pid,
+                    nccl::names(&u.transports)
+                ),
+                fix: format!(
+                    "start the job with {} (NCCL then talks through sockets), or set \
+                     CRIU_GPU_NCCL_CHECK=0 if these processes do not talk through NCCL",
+                    nccl::SOCKETS_ONLY
+                ),
+            });
+        }
+    }
+
+    fn ghosts(&mut self, facts: &JobFacts) {
+        let Some((m, big)) = facts.largest_unlinked() else {
+            return;
+        };
+        if big.size > GHOST_CAP {
+            self.problems.push(Problem {
+                what: format!(
+                    "process {} ({}) holds the unlinked file {} of {}; CRIU would copy it into \
+                     the images whole",
+                    m.pid,
+                    m.comm,
+                    big.path,
+                    bytes(big.size)
+                ),
+                fix: format!(
+                    "close it, or keep it linked, before the checkpoint (at most {} of unlinked \
+                     files are carried)",
+                    bytes(GHOST_CAP)
+                ),
+            });
+        } else if big.size > GHOST_DEFAULT {
+            // Round up to whole MiB, with room for the file to grow a little meanwhile.
+            let limit = (big.size + big.size / 4).div_ceil(1 << 20).max(2);
+            self.common.push(Choice {
+                args: vec!["--ghost-limit".into(), format!("{limit}M")],
+                why: format!(
+                    "{} holds the unlinked file {} of {}; CRIU copies unlinked files into the \
+                     images",
+                    m.comm,
+                    big.path,
+                    bytes(big.size)
+                ),
+            });
+        }
+    }
+
+    fn tcp(&mut self, facts: &JobFacts, lock: Option<NetworkLock>) {
+        let n = facts.established().count();
+        if n == 0 {
+            return;
+        }
+        self.common.push(Choice {
+            args: vec!["--tcp-established".into()],
+            why: format!("the job holds {n} established TCP connection(s)"),
+        });
+        match lock {
+            Some(l) => self.dump.push(Choice {
+                args: vec!["--network-lock".into(), l.word().into()],
+                why: format!(
+                    "packets of those connections are held while they are dumped ({} is what \
+                     this node has)",
+                    l.word()
+                ),
+            }),
+            None => self.problems.push(Problem {
+                what: "the job holds TCP connections, and this node can lock neither with \
+                       nftables (this CRIU was built without it) nor with iptables \
+                       (iptables-restore is missing)"
+                    .into(),
+                fix: "install iptables, or a CRIU built with libnftables".into(),
+            }),
+        }
+        let outside = facts.outside_connections();
+        if !outside.is_empty() {
+            let peers: Vec<String> = outside.iter().map(|(_, s)| s.remote.to_string()).collect();
+            self.notes.push(format!(
+                "{} connection(s) lead outside the job (to {}): they are restored only on a \
+                 host with the same address, and only while the other end is still there",
+                outside.len(),
+                peers.join(", ")
+            ));
+        }
+    }
+
+    /// The CRIU arguments of the dump (after `dump -t PID -D DIR`).
+    pub fn dump_args(&self) -> Vec<String> {
+        self.common
+            .iter()
+            .chain(&self.dump)
+            .flat_map(|c| c.args.iter().cloned())
+            .collect()
+    }
+
+    /// The CRIU arguments the restore needs (after `restore -D DIR`).
+    pub fn restore_args(&self) -> Vec<String> {
+        self.common
+            .iter()
+            .flat_map(|c| c.args.iter().cloned())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::facts::Member;
+    use cuda_checkpoint_ctl::process::Unlinked;
+
+    fn job(unlinked: u64, shell: bool) -> JobFacts {
+        JobFacts {
+            root: 1,
+            members: vec![Member {
+                pid: 1,
+                comm: "app".into(),
+                starttime: 1,
+                cuda: true,
+                nccl: false,
+                io_uring: None,
+                unlinked: vec![Unlinked {
+                    path: "/dev/shm/nccl-x".into(),
+                    size: unlinked,
+                }],
+                terminal: false,
+                sockets: Vec::new(),
+            }],
+            tcp: Vec::new(),
+            locks: vec![1],
+            shell_job: shell,
+        }
+    }
+
+    #[test]
+    fn unlinked_files_set_the_ghost_limit_up_to_the_cap() {
+        let p = Plan::make(&job(34_213_888, false), None);
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        assert!(
+            p.dump_args().join(" ").contains("--ghost-limit 41M"),
+            "{:?}",
+            p.dump_args()
+        );
+        assert!(p.restore_args().contains(&"--file-locks".to_string()));
+        let p = Plan::make(&job(2 << 30, true), None);
+        assert_eq!(p.problems.len(), 1);
+        assert!(p.problems[0].what.contains("/dev/shm/nccl-x of 2.00 GiB"));
+        let p = Plan::make(&job(4096, true), None);
+        assert!(!p.dump_args().join(" ").contains("ghost"));
+        assert!(p.restore_args().contains(&"--shell-job".to_string()));
+    }
+}

@@ -1,0 +1,334 @@
+//! `criu-gpu dump` and `criu-gpu restore` of a distributed job with the real CRIU and the
+//! simulated GPU: two ranks (cuda-sim-app --ranks) holding GPU data, a TCPStore-like listener
+//! with the ranks' connections to it, a ring of TCP connections, and an unlinked shared-memory
+//! file; dumped and restored on the same host, going on with their data; and what is refused
+//! before anything is frozen, and what a failed dump or restore leaves.
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use gpu_ckpt_tests::criu::Criu;
+use gpu_ckpt_tests::*;
+
+/// A free TCP port of this host.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("[::]:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A job of `n` ranks, started as `program ARGS` (cuda-sim-app, or a launcher in front of it).
+struct Job {
+    root: i32,
+    /// Every process of the tree, as started.
+    pids: Vec<i32>,
+    ranks: Vec<App>,
+}
+
+fn start_job(sim: &mut Sim, launcher: Option<&Path>, n: usize, extra: &[(&str, &str)]) -> Job {
+    let log = sim.dir.join("job.log");
+    let app = artifact("cuda-sim-app");
+    let port = free_port().to_string();
+    let ns = n.to_string();
+    let args = [
+        "--log",
+        log.to_str().unwrap(),
+        "--ranks",
+        &ns,
+        "--mib",
+        "8",
+        "--shm-mib",
+        "8",
+        "--store-port",
+        &port,
+        "--interval-ms",
+        "50",
+    ];
+    let mut cmd = match launcher {
+        Some(l) => {
+            let mut c = setsid_command(l);
+            c.arg(&app);
+            c
+        }
+        None => setsid_command(&app),
+    };
+    let child = cmd
+        .args(args)
+        .envs(sim.env())
+        .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let root = reap_in_background(child);
+    sim.adopt(root);
+    let ranks: Vec<App> = (0..n)
+        .map(|r| App {
+            pid: 0,
+            log: log.with_extension(format!("log.rank{r}")),
+        })
+        .collect();
+    for r in &ranks {
+        assert!(
+            wait_until(Duration::from_secs(20), || r.steps() >= 2),
+            "{}",
+            r.tail()
+        );
+    }
+    let pids = cuda_checkpoint_ctl::process::tree(root);
+    Job { root, pids, ranks }
+}
+
+impl Job {
+    /// Waits until no process of the job is left (dumped and killed, or killed by a restore).
+    fn gone(&self) {
+        for p in &self.pids {
+            wait_gone(*p);
+        }
+    }
+
+    fn advances(&self, n: usize) {
+        for r in &self.ranks {
+            assert!(r.advances(n), "{}", r.tail());
+            r.assert_healthy();
+        }
+    }
+}
+
+/// `criu-gpu ARGS -- --lib PLUGINS` with the machine's environment.
+fn criu_gpu(sim: &Sim, c: &Criu, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let out = std::process::Command::new(artifact("criu-gpu"))
+        .args(args)
+        .args(["--criu", c.bin.to_str().unwrap(), "--", "--lib"])
+        .arg(&c.plugins)
+        .envs(sim.env())
+        .env_remove("LD_LIBRARY_PATH")
+        .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    eprintln!("criu-gpu {args:?}:\n{}{}", stdout(&out), stderr(&out));
+    out
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", stdout(o), stderr(o))
+}
+
+fn dir_of(sim: &Sim, name: &str) -> PathBuf {
+    sim.dir.join(name)
+}
+
+#[test]
+fn a_job_of_two_ranks_is_dumped_and_restored_on_the_same_host_and_goes_on() {
+    let mut sim = Sim::with(SimSpec {
+        gpus: 2,
+        ..SimSpec::default()
+    });
+    let c = Criu::new(&sim);
+    let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
+    let images = dir_of(&sim, "img");
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &job.root.to_string(), images.to_str().unwrap()],
+        &[],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for want in [
+        "option: --tcp-established",
+        "option: --ghost-limit",
+        "option: --network-lock",
+        "GPU: locked 2 CUDA process(es)",
+        "GPU: checkpointed 2 CUDA process(es)",
+        "dumped 3 process(es)",
+    ] {
+        assert!(t.contains(want), "{want:?} missing from:\n{t}");
+    }
+    job.gone();
+    let out = criu_gpu(&sim, &c, &["restore", images.to_str().unwrap()], &[]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("restored CUDA state of 2 of 2") && t.contains("--tcp-established"),
+        "{t}"
+    );
+    for p in &job.pids {
+        assert!(pid_alive(*p), "process {p} of the job is back with its pid");
+    }
+    job.advances(5);
+}
+
+#[test]
+fn a_dry_run_freezes_nothing_and_prints_the_command() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
+    let images = dir_of(&sim, "img");
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &[
+            "dump",
+            &job.root.to_string(),
+            images.to_str().unwrap(),
+            "--dry-run",
+        ],
+        &[],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("would run:") && t.contains("--tcp-established"),
+        "{t}"
+    );
+    assert!(!images.exists(), "a dry run writes nothing");
+    job.advances(3);
+}
+
+#[test]
+fn an_io_uring_in_the_job_is_refused_before_anything_is_frozen() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let launcher = uring_launcher(&sim.dir);
+    let job = start_job(&mut sim, Some(&launcher), 2, &NCCL_SOCKETS_ONLY);
+    let images = dir_of(&sim, "img");
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &job.root.to_string(), images.to_str().unwrap()],
+        &[],
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("problem: process") && t.contains("(uring-launcher) holds io_uring"),
+        "{t}"
+    );
+    assert!(t.contains("nothing was done"), "{t}");
+    assert!(!images.join("dump.log").exists(), "criu never ran");
+    job.advances(3);
+}
+
+#[test]
+fn ranks_whose_nccl_transports_cannot_be_restored_are_refused_before_anything_is_frozen() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let lib = fake_nccl(&sim.dir);
+    let preload = lib.display().to_string();
+    let job = start_job(&mut sim, None, 2, &[("LD_PRELOAD", &preload)]);
+    let images = dir_of(&sim, "img");
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &job.root.to_string(), images.to_str().unwrap()],
+        &[],
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("P2P, SHM and cuMem") && t.contains("NCCL_P2P_DISABLE=1"),
+        "{t}"
+    );
+    job.advances(3);
+}
+
+#[test]
+fn a_failed_dump_leaves_every_rank_running_with_its_data() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
+    let images = dir_of(&sim, "img");
+    let rank1 = job.pids[job.pids.len() - 1].to_string();
+    let fault = format!("checkpoint/{rank1}=UNKNOWN");
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &job.root.to_string(), images.to_str().unwrap()],
+        &[("CUDA_SIM_FAULT", &fault)],
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("criu dump failed") && t.contains("left running"),
+        "{t}"
+    );
+    job.advances(5);
+}
+
+#[test]
+fn a_failed_restore_leaves_the_images_retryable() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
+    let images = dir_of(&sim, "img");
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &job.root.to_string(), images.to_str().unwrap()],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    job.gone();
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["restore", images.to_str().unwrap()],
+        &[("CUDA_SIM_FAULT", "restore=UNKNOWN")],
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("images are unchanged"), "{t}");
+    job.gone();
+    let out = criu_gpu(&sim, &c, &["restore", images.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    job.advances(5);
+}
+
+#[test]
+fn a_restore_whose_listening_port_is_taken_is_refused_naming_the_holder_and_then_restores() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
+    let images = dir_of(&sim, "img");
+    let inodes: Vec<u64> = job
+        .pids
+        .iter()
+        .flat_map(|p| cuda_checkpoint_ctl::process::socket_inodes(*p))
+        .collect();
+    let store = cuda_checkpoint_ctl::process::tcp_sockets(job.root)
+        .into_iter()
+        .find(|s| {
+            inodes.contains(&s.inode)
+                && s.state == cuda_checkpoint_ctl::process::TcpState::Listen
+                && s.local.ip().is_unspecified()
+        })
+        .expect("the store's listener")
+        .local;
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &job.root.to_string(), images.to_str().unwrap()],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    job.gone();
+    let blocker = std::net::TcpListener::bind(store).unwrap();
+    let out = criu_gpu(&sim, &c, &["restore", images.to_str().unwrap()], &[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let me = std::process::id();
+    assert!(
+        t.contains(&format!("the job listened on {store}")) && t.contains(&format!("process {me}")),
+        "{t}"
+    );
+    drop(blocker);
+    let out = criu_gpu(&sim, &c, &["restore", images.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    job.advances(5);
+}
