@@ -1,6 +1,6 @@
 #!/bin/bash
 # Packs what the GPU machine (Ubuntu 24.04, no CRIU, no network) needs into .carry/:
-#   bin/     cuda-checkpoint-ctl, digest (scripts/bench-digest.sh); criu and criu-stock (wrappers) with criu.real (the project's
+#   bin/     cuda-checkpoint-ctl, criu-gpu, digest (scripts/bench-digest.sh); criu and criu-stock (wrappers) with criu.real (the project's
 #            patched CRIU) and criu-stock.real (stock 4.2.1), both from scripts/install-criu.sh
 #   lib/     the shared libraries CRIU needs that Ubuntu 24.04 lacks
 #   plugins/ criu_gpu_plugin.so
@@ -15,14 +15,17 @@ cd "$root"
 for f in "$PREFIX/sbin/criu" "$PREFIX/lib/criu-gpu/stock/criu" "$PREFIX/lib/criu-gpu/upstream-cuda/cuda_plugin.so"; do
 	[ -e "$f" ] || { echo "pack-carry.sh: $f missing: run scripts/install-criu.sh" >&2; exit 1; }
 done
-cargo build --release -p cuda-checkpoint-ctl -p criu-gpu-plugin -p criu-gpu-image --example digest
+# Two builds: naming a target (--example) limits a build to that target, and the binaries and
+# the plugin would silently stay as an earlier build left them.
+cargo build --release -p cuda-checkpoint-ctl -p criu-gpu-plugin -p criu-gpu
+cargo build --release -p criu-gpu-image --example digest
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/plugins" "$out/upstream-plugins"
 cp "$PREFIX/lib/criu-gpu/upstream-cuda/cuda_plugin.so" "$out/upstream-plugins/"
-cp target/release/cuda-checkpoint-ctl target/release/examples/digest "$out/bin/"
+cp target/release/cuda-checkpoint-ctl target/release/criu-gpu target/release/examples/digest "$out/bin/"
 cp target/release/libcriu_gpu_plugin.so "$out/plugins/criu_gpu_plugin.so"
 cp "$PREFIX/sbin/criu" "$out/bin/criu.real"
 cp "$PREFIX/lib/criu-gpu/stock/criu" "$out/bin/criu-stock.real"
-strip "$out/bin/cuda-checkpoint-ctl" "$out/bin/digest" "$out/plugins/criu_gpu_plugin.so" "$out/bin/criu.real" \
+strip "$out/bin/cuda-checkpoint-ctl" "$out/bin/criu-gpu" "$out/bin/digest" "$out/plugins/criu_gpu_plugin.so" "$out/bin/criu.real" \
 	"$out/bin/criu-stock.real"
 for l in libnftables.so.1 libprotobuf-c.so.1 libnet.so.1 libnftnl.so.11 libxtables.so.12 libjansson.so.4 libmnl.so.0; do
 	cp -L "/lib/x86_64-linux-gnu/$l" "$out/lib/"
