@@ -64,6 +64,8 @@ SUBSET=(
 	"transition/fork h" "transition/fork2 h" "transition/epoll h" "transition/maps007 h"
 	"transition/pid_reuse h" "transition/ipc ns"
 	"transition/socket-tcp h" "static/netns ns"
+	# added by patch 0005: a listener whose port a TIME_WAIT socket of its own holds
+	"static/socket-tcp-listen-timewait h"
 	"static/pthread00 ns" "static/maps00 uns" "static/pipe00 uns"
 	"transition/thread-bomb h"
 	# runc and crun dump a container by its freezer cgroup (--freeze-cgroup): CRIU freezes

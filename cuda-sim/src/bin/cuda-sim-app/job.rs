@@ -3,7 +3,9 @@
 //! TCPStore-like listener on `[::]` that every rank stays connected to (over ::ffff:127.0.0.1),
 //! each rank listens on an ephemeral port of 127.0.0.1 and the ranks connect in a ring (accepted
 //! sockets share their listener's port), and an unlinked shared-memory file in /dev/shm that all
-//! ranks write (NCCL's `nccl-*` files). Every step each rank writes its slot of the file, sends the
+//! ranks write (NCCL's `nccl-*` files). As NCCL's, the ring listeners have no SO_REUSEADDR, and
+//! each first serves a short bootstrap connection that it closes first: the TIME_WAIT socket this
+//! leaves on its port is what kept a real job's listener from being restored (CRIU patch 0005). Every step each rank writes its slot of the file, sends the
 //! step and its slot's hash to the next rank and checks what the previous one sent against the
 //! previous slot: a job restored with a connection, a byte of the file or a step lost says so.
 
@@ -58,7 +60,8 @@ impl Plan {
             let l = TcpListener::bind(("::", self.store_port)).context("store listener")?;
             listeners.push(l);
         }
-        let ring = TcpListener::bind("127.0.0.1:0").context("ring listener")?;
+        let ring =
+            listen_without_reuseaddr(std::net::Ipv4Addr::LOCALHOST).context("ring listener")?;
         let port = ring.local_addr()?.port();
         self.file.write_u32(rank * 4, port as u32);
         let store = connect(&format!("[::ffff:127.0.0.1]:{}", self.store_port))?;
@@ -69,6 +72,7 @@ impl Plan {
             None => Vec::new(),
         };
         let next_port = wait_port(&self.file, (rank + 1) % n)?;
+        bootstrap(&ring, &format!("127.0.0.1:{next_port}"), rank)?;
         let next = connect(&format!("127.0.0.1:{next_port}"))?;
         let prev = ring.accept()?.0;
         listeners.push(ring);
@@ -100,6 +104,35 @@ fn connect(addr: &str) -> Result<TcpStream> {
             Err(e) => return Err(e).with_context(|| format!("connecting {addr}")),
         }
     }
+}
+
+/// A listener on an ephemeral port of `ip` without SO_REUSEADDR (std's TcpListener sets it).
+fn listen_without_reuseaddr(ip: std::net::Ipv4Addr) -> Result<TcpListener> {
+    use rustix::net::{self, AddressFamily, SocketFlags, SocketType};
+    let fd = net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    net::bind(&fd, &std::net::SocketAddrV4::new(ip, 0))?;
+    net::listen(&fd, 16)?;
+    Ok(TcpListener::from(fd))
+}
+
+/// NCCL's bootstrap in small: a connection to the next rank that tells it who we are, and one
+/// from the previous rank that we read and close first (its end stays in TIME_WAIT on our port).
+fn bootstrap(ring: &TcpListener, next: &str, rank: usize) -> Result<()> {
+    let mut to_next = connect(next)?;
+    to_next.write_all(&[rank as u8])?;
+    let (mut from_prev, _) = ring.accept()?;
+    from_prev.read_exact(&mut [0u8])?;
+    drop(from_prev);
+    // The next rank closes first; our end waits for that.
+    if to_next.read(&mut [0u8])? != 0 {
+        bail!("bootstrap: the next rank sent more than its rank");
+    }
+    Ok(())
 }
 
 fn wait_port(file: &SharedFile, rank: usize) -> Result<u16> {
