@@ -7,8 +7,13 @@
 # (NCCL's own transports, an io_uring), what the driver does with two more transport settings,
 # and CRIU killed in the middle of a dump. Each part is bounded and prints what it saw.
 #
-#   OUT=/tmp/out scripts/gpu-dist-test.sh [PARTS]
-#   PARTS default: "spawn torchrun swap refuse facts kill"
+#   OUT=/tmp/out [RANKS=2] scripts/gpu-dist-test.sh [PARTS]
+#   PARTS default: "spawn torchrun swap refuse facts kill"; RANKS=1 runs spawn, torchrun, refuse
+#   and kill on a machine with one GPU (NCCL takes one rank per GPU).
+# torchrun's agent (PyTorch 2.11) makes its TCPStore servers on libuv, which holds an io_uring
+# that CRIU cannot dump, whatever the launch settings (docs/driver-facts.md, D3): the torchrun
+# part starts the job with io_uring off on the node (kernel.io_uring_disabled=2, libuv then
+# uses epoll) and puts the setting back.
 # Needs .carry (scripts/gpu/pack-carry.sh) in the working tree.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,6 +26,8 @@ export PATH="$root/.carry/bin:$PATH"
 PLUG=$root/.carry/plugins
 JOB=$here/gpu/ddp-job.py
 STEPS=300
+RANKS=${RANKS:-2}
+RANK_IDS=$(seq 0 $((RANKS - 1)))
 # Never NVLink multicast on these machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -43,18 +50,24 @@ wait_step() {
 	local dir=$1 n=$2 limit=$3 t=0 ok r
 	while :; do
 		ok=0
-		for r in 0 1; do grep -qE "^(step $n |done)" "$dir/rank$r.log" 2>/dev/null && ok=$((ok + 1)); done
-		[ $ok = 2 ] && return 0
+		for r in $RANK_IDS; do grep -qE "^(step $n |done)" "$dir/rank$r.log" 2>/dev/null && ok=$((ok + 1)); done
+		[ $ok = "$RANKS" ] && return 0
 		t=$((t + 1)); [ $t -ge $((limit * 5)) ] && return 1
 		sleep 0.2
 	done
 }
-finished() { wait_step "$1" $((STEPS - 1)) "$2" && sleep 2 && grep -q '^done' "$1/rank0.log" && grep -q '^done' "$1/rank1.log"; }
-healthy() { ! grep -qE 'BAD|Error|error' "$1"/rank*.log && finished "$1" 5; }
+finished() {
+	local r
+	wait_step "$1" $((STEPS - 1)) "$2" && sleep 2 || return 1
+	for r in $RANK_IDS; do grep -q '^done' "$1/rank$r.log" || return 1; done
+}
+# healthy DIR: the job goes on to its end with every check right (a job just put back may need
+# a while for NCCL's connections to resume)
+healthy() { finished "$1" 90 && ! grep -qE 'BAD|Error|error' "$1"/rank*.log; }
 # same DIR REF: every step, loss, all_reduce check, the parameters and the ballast check equal
 same() {
 	local r
-	for r in 0 1; do
+	for r in $RANK_IDS; do
 		diff <(grep -E '^(step|params|ballast)' "$2/rank$r.log") \
 			<(grep -E '^(step|params|ballast)' "$1/rank$r.log") >"$RES/diff.$(basename "$1").$r" || return 1
 	done
@@ -67,10 +80,10 @@ start() {
 	DIR=$W/$name
 	rm -rf "$DIR" && mkdir -p "$DIR"
 	if [ "$mode" = spawn ]; then
-		env "$@" setsid python3 "$JOB" --spawn 2 "$DIR" --steps $STEPS --sleep 0.02 --ballast 1 \
+		env "$@" setsid python3 "$JOB" --spawn "$RANKS" "$DIR" --steps $STEPS --sleep 0.02 --ballast 1 \
 			--port $((29600 + RANDOM % 300)) </dev/null >"$DIR/stdout" 2>&1 &
 	else
-		env "$@" setsid torchrun --standalone --nproc-per-node 2 --rdzv-conf use_libuv=0 "$JOB" "$DIR" \
+		env "$@" setsid torchrun --standalone --nproc-per-node "$RANKS" "$JOB" "$DIR" \
 			--steps $STEPS --sleep 0.02 --ballast 1 </dev/null >"$DIR/stdout" 2>&1 &
 	fi
 	JOBPID=$!
@@ -138,9 +151,13 @@ part_spawn() {
 }
 
 part_torchrun() {
-	log "== torchrun (agent and two workers): reference, then dumped and restored"
-	reference ref-torchrun torchrun "${SOCKETS[@]}"
-	checkpoint torchrun ref-torchrun torchrun "${SOCKETS[@]}"
+	log "== torchrun (agent and $RANKS workers): reference, then dumped and restored"
+	local was
+	was=$(cat /proc/sys/kernel/io_uring_disabled 2>/dev/null) || { fail "torchrun: no kernel.io_uring_disabled here"; return; }
+	echo 2 >/proc/sys/kernel/io_uring_disabled
+	reference ref-torchrun torchrun "${SOCKETS[@]}" USE_LIBUV=0
+	checkpoint torchrun ref-torchrun torchrun "${SOCKETS[@]}" USE_LIBUV=0
+	echo "$was" >/proc/sys/kernel/io_uring_disabled
 }
 
 part_swap() {
@@ -177,7 +194,8 @@ refused() {
 
 part_refuse() {
 	log "== refused before anything is locked"
-	refused refuse-nccl-defaults USE_LIBUV=0
+	# One rank talks to no other: NCCL's defaults are no reason to refuse it.
+	[ "$RANKS" -ge 2 ] && refused refuse-nccl-defaults USE_LIBUV=0
 	refused refuse-io-uring "${SOCKETS[@]}"
 }
 

@@ -238,6 +238,40 @@ fn ranks_whose_nccl_transports_cannot_be_restored_are_refused_before_anything_is
     job.advances(3);
 }
 
+/// One rank under a launcher that maps the driver (and NCCL) without a context talks to no other
+/// rank: NCCL's defaults are no reason to refuse it, to criu-gpu as to the plugin.
+#[test]
+fn a_rank_alone_under_a_launcher_that_maps_the_driver_is_not_refused() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let lib = fake_nccl(&sim.dir);
+    let preload = lib.display().to_string();
+    let job = start_job(&mut sim, None, 1, &[("LD_PRELOAD", &preload)]);
+    let libcuda = sim
+        .env()
+        .into_iter()
+        .find(|(k, _)| k == "CUDA_CKPT_LIBCUDA");
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", job.root)).unwrap();
+    assert!(
+        maps.contains("libcuda") && maps.contains("libnccl"),
+        "the launcher maps the driver and NCCL ({libcuda:?}):\n{maps}"
+    );
+    let images = dir_of(&sim, "img");
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &job.root.to_string(), images.to_str().unwrap()],
+        &[],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("GPU: checkpointed 1 CUDA process(es)"), "{t}");
+    job.gone();
+    let out = criu_gpu(&sim, &c, &["restore", images.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    job.advances(3);
+}
+
 #[test]
 fn a_failed_dump_leaves_every_rank_running_with_its_data() {
     let mut sim = Sim::start();

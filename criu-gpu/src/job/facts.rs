@@ -97,6 +97,30 @@ impl JobFacts {
             .collect()
     }
 
+    /// Narrows `cuda` to the processes the driver knows as CUDA processes: a launcher that only
+    /// asked how many GPUs there are maps libcuda without a context, and is no rank (the plugin
+    /// counts the same way). Without a driver, or for a process it may not ask, the mapping
+    /// stands.
+    pub fn confirm_cuda(&mut self) {
+        use cuda_checkpoint_ctl::{driver::Driver, ops};
+        let mappers: Vec<i32> = self
+            .members
+            .iter()
+            .filter(|m| m.cuda)
+            .map(|m| m.pid)
+            .collect();
+        if mappers.is_empty() {
+            return;
+        }
+        let Ok(driver) = Driver::load(None) else {
+            return;
+        };
+        let survey = ops::survey(&driver, &mappers, std::time::Duration::from_secs(2));
+        for m in self.members.iter_mut().filter(|m| m.cuda) {
+            m.cuda = survey.pids().contains(&m.pid) || survey.denied.contains(&m.pid);
+        }
+    }
+
     /// The largest unlinked file the job holds, and which process holds it.
     pub fn largest_unlinked(&self) -> Option<(&Member, &Unlinked)> {
         self.members

@@ -145,7 +145,8 @@ fn now() -> u64 {
 /// Dumps the job rooted at `pid` into `r.dir` (killing it, unless `leave_running`).
 pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobError> {
     let criu = criu(r)?;
-    let facts = JobFacts::read(pid).ok_or(JobError::NoProcess(pid))?;
+    let mut facts = JobFacts::read(pid).ok_or(JobError::NoProcess(pid))?;
+    facts.confirm_cuda();
     let lock = if facts.established().next().is_some() {
         NetworkLock::detect(&criu)
     } else {

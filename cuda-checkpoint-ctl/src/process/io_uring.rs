@@ -61,9 +61,13 @@ impl IoUring {
     pub fn fix(&self) -> String {
         let torch = self.libraries.iter().any(|l| l.starts_with("libtorch"));
         if torch {
-            "PyTorch's TCPStore server runs on libuv, which uses io_uring: start the job with \
-             USE_LIBUV=0 (torch.multiprocessing, init_process_group with tcp:// or env://), or \
-             under torchrun with `--rdzv-conf use_libuv=0`"
+            "PyTorch's TCPStore servers run on libuv, which holds an io_uring: start a job of \
+             torch.multiprocessing (or init_process_group with tcp:// or env://) with \
+             USE_LIBUV=0; torchrun's agent makes its stores on libuv whatever its settings \
+             (PyTorch 2.11: USE_LIBUV=0, --rdzv-conf use_libuv=0, UV_USE_IO_URING=0 and \
+             TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 all leave a ring): start a torchrun job with \
+             io_uring off on the node (sysctl kernel.io_uring_disabled=2 while it starts; \
+             libuv then uses epoll) and USE_LIBUV=0"
                 .into()
         } else if self.libraries.iter().any(|l| l.starts_with("libuv")) {
             "libuv uses io_uring: UV_USE_IO_URING=0 in the program's environment turns it off for \
@@ -96,7 +100,11 @@ mod tests {
             mappings: 1,
             libraries: libs,
         };
-        assert!(u.fix().contains("use_libuv=0"), "{}", u.fix());
+        assert!(
+            u.fix().contains("USE_LIBUV=0") && u.fix().contains("kernel.io_uring_disabled=2"),
+            "{}",
+            u.fix()
+        );
         let plain = IoUring {
             fds: 1,
             mappings: 0,

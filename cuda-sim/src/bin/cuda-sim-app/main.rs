@@ -187,6 +187,9 @@ fn main() -> Result<()> {
     let mut me = args.clone();
     let mut rank = None;
     if args.ranks > 0 {
+        // The parent maps the driver without a context, as torch.multiprocessing's does after
+        // torch.cuda.device_count(): not a CUDA process to the driver, nor a rank.
+        let _driver = driver::Cuda::load(&args.lib)?;
         let plan = job::Plan::new(args.ranks, args.store_port, args.shm_mib)?;
         let mut mine = None;
         for r in 0..args.ranks {

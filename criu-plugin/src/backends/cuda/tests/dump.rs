@@ -372,7 +372,7 @@ fn an_io_uring_in_the_tree_is_refused_before_any_lock() {
             "process 12 (app) holds io_uring instances (1 fd(s), 2 ring mapping(s); it \
                     maps libtorch_cpu.so)"
         ) && e.contains("USE_LIBUV=0")
-            && e.contains("--rdzv-conf use_libuv=0")
+            && e.contains("kernel.io_uring_disabled=2")
             && e.contains("nothing was locked"),
         "{e}"
     );
