@@ -7,8 +7,6 @@
 #   ours-nothp  ours with CRIU_GPU_THP=off (the driver's checkpoint fills 4 KiB pages)
 #   ours-thp    ours with the node's transparent huge pages at always for the whole dump and
 #               restore (what huge pages do to CRIU's own page dump and restore)
-#   ours-noovl  ours with CRIU_GPU_OVERLAP=0 (the GPU restore after all pages are in)
-#   ours-1task  ours writing the pages of one task after another (CRIU_PAGE_OVERLAP_TASKS=0)
 # Cases: one process of each size in --sizes (GiB), and a tree of --tree "N G": N processes of G
 # GiB each, spread over the GPUs (--tree "": none). In each round every stack dumps and restores the same applications once
 # (the stack that starts a round rotates); after every restore each application checks its data
@@ -204,8 +202,6 @@ run() {
 	cplug) criu=$CRIU_STOCK lib=$UPSTREAM_PLUGINS env=(PATH="$WORK/bin:$PATH" "${CPLUG_ENV[@]}") ;;
 	ours-nothp) env=(CRIU_GPU_THP=off) ;;
 	ours-thp) thp=always ;;
-	ours-noovl) env=(CRIU_GPU_OVERLAP=0) ;;
-	ours-1task) env=(CRIU_PAGE_OVERLAP_TASKS=0) ;;
 	esac
 	[ -z "$thp" ] || echo "$thp" >"$THP_SYSFS"
 	rm -rf "$dir" && mkdir -p "$dir"

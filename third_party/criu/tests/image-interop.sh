@@ -1,6 +1,6 @@
 #!/bin/bash
 # Images of the project's CRIU and of stock 4.2.1 are interchangeable: the page I/O patches
-# (0003, 0004) change how pages are copied, not the image format. Real CRIU dumps and restores
+# (0003, 0004, 0006) change how pages are copied, not the image format. Real CRIU dumps and restores
 # a process tree (a shell and two mem-app processes of 256 MiB each, one of them with a child
 # forked before its data, all data checked word for word after every restore):
 #   patched dump -> stock restore, stock dump -> patched restore, patched -> patched;
@@ -116,8 +116,9 @@ round() {
 	check "$name: the child of the first process is back" \
 		test "$(cat "/proc/${apps[0]}/task/${apps[0]}/children" 2>/dev/null)" = "$child"
 	if [ "$dump_build" = patched ]; then
-		check "$name: the patched dump copied pages with 4 threads" \
-			grep -qE 'pages: pid [0-9]+: wrote 0\.25 GiB .* 4 threads' "$dir/dump.log"
+		# 0006: each task's pages are copied after its dump, by 2 of the 4 threads here
+		check "$name: the patched dump copied both processes' pages with several threads while it went on" \
+			test "$(grep -cE 'pages: pid [0-9]+: copied 0\.25 GiB .* [2-4] threads, while criu went on' "$dir/dump.log")" = 2
 	fi
 	if [ "$restore_build" = patched ]; then
 		check "$name: the patched restore read pages with 4 threads" \
