@@ -13,6 +13,7 @@ WORK=${WORK:-/tmp/bench-toggle}
 SIZES=${1:-"1 4 16"}
 N=${2:-4}
 EACH=${3:-4}
+# shellcheck source=scripts/gpu/lib.sh
 . "$here/gpu/lib.sh"
 trap cleanup_apps EXIT
 [ -x "$CTL" ] || { echo "cuda-checkpoint-ctl not found: set CTL"; exit 1; }
@@ -23,7 +24,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 say "== copy bandwidth ceiling (4 GiB)"
 "$WORK/copy-bw" 4 | tee "$WORK/bw.txt"
 bw() { awk -v k="$1 $2" '$1" "$2 == k { sub("GB/s=", "", $4); print $4 }' "$WORK/bw.txt"; }
-PIN_D2H=$(bw pinned d2h) PIN_H2D=$(bw pinned h2d) PAGE_D2H=$(bw pageable d2h) PAGE_H2D=$(bw pageable h2d)
+PIN_D2H=$(bw pinned d2h) PAGE_D2H=$(bw pageable d2h)
 
 say "== toggle time per size"
 printf '%-6s %9s %13s %10s %9s %10s %10s %13s %13s\n' GiB lock_ms checkpoint_s restore_s unlock_ms ckpt_GB/s rest_GB/s ckpt/pinned ckpt/pageable
@@ -32,10 +33,10 @@ for gib in $SIZES; do
 	start_app "$st" "$WORK/gpu-app" "$gib" 3 "$st"
 	pid=$LAST_PID
 	wait_for "$st" '^ready' 600 || continue
-	"$CTL" --suspend --pid "$pid" --json >"$WORK/s.json" && "$CTL" --resume --pid "$pid" --json >"$WORK/r.json" || {
+	if ! { "$CTL" --suspend --pid "$pid" --json >"$WORK/s.json" && "$CTL" --resume --pid "$pid" --json >"$WORK/r.json"; }; then
 		say "toggle failed at $gib GiB"
 		continue
-	}
+	fi
 	line=$(ask_verify "$pid" "$st")
 	verified_ok "$line" || say "DATA MISMATCH at $gib GiB: $line"
 	python3 - "$gib" "$WORK/s.json" "$WORK/r.json" "$PIN_D2H" "$PAGE_D2H" <<'EOF'

@@ -21,6 +21,7 @@ IMAGES=${IMAGES:-/dev/shm/gpu-criu}
 SIZES=${1:-"1 8 32"}
 TORCH_SIZES=${2:-"1 8"}
 read -r MULTI_N MULTI_GIB <<<"${MULTI:-4 4}"
+# shellcheck source=scripts/gpu/lib.sh
 . "$here/gpu/lib.sh"
 trap 'cleanup_apps; rm -rf "$IMAGES"' EXIT
 mkdir -p "$WORK"
@@ -47,6 +48,7 @@ dump_restore() {
 	"$CRIU" dump -t "$pid" -D "$dir" --lib "$PLUGINS" -v4 -o dump.log "$@" ||
 		{ fail "$name: criu dump"; grep -E 'Error|criu_gpu' "$dir/dump.log" | tail -15; return 1; }
 	DUMP_S=$(elapsed "$t0")
+	# shellcheck disable=SC2086 # a list of pids
 	wait_pids_gone "$pid" $tree
 	t0=$(now)
 	"$CRIU" restore -D "$dir" -d --lib "$PLUGINS" -v4 -o restore.log ||
@@ -65,7 +67,8 @@ roundtrip() {
 	start_app "$st" "$@"
 	pid=$LAST_PID
 	wait_for "$st" '^ready' 600 || { fail "$name: did not start"; return; }
-	line=$(ask_verify "$pid" "$st") && verified_ok "$line" || { fail "$name: first check: $line"; return; }
+	line=$(ask_verify "$pid" "$st")
+	verified_ok "$line" || { fail "$name: first check: $line"; return; }
 	dump_restore "$name" "$pid" || return
 	ROWS+=("$(printf '%-10s %5s %9s %11s %9s' "$name" "$gib" "$DUMP_S" "$RESTORE_S" "$IMG_GIB")")
 	line=$(ask_verify "$pid" "$st")
@@ -138,8 +141,7 @@ pid=$LAST_PID
 wait_for "$st" '^ready' 120
 ask_verify "$pid" "$st" >/dev/null
 rm -rf "$IMAGES/lr" && mkdir -p "$IMAGES/lr"
-"$CRIU" dump -t "$pid" -D "$IMAGES/lr" --lib "$PLUGINS" -v4 -o dump.log --leave-running &&
-	pass "--leave-running dump" || fail "--leave-running dump"
+check "--leave-running dump" "$CRIU" dump -t "$pid" -D "$IMAGES/lr" --lib "$PLUGINS" -v4 -o dump.log --leave-running
 check "--leave-running: state running" test "$("$CTL" --get-state --pid "$pid")" = running
 line=$(ask_verify "$pid" "$st")
 check "--leave-running: data intact ($line)" verified_ok "$line"

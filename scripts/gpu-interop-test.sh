@@ -14,6 +14,7 @@ UPSTREAM_PLUGINS=${UPSTREAM_PLUGINS:-/usr/local/lib/criu-gpu/upstream-cuda}
 WORK=${WORK:-/tmp/gpu-interop}
 IMAGES=${IMAGES:-/dev/shm/gpu-interop}
 GIB=${1:-1}
+# shellcheck source=scripts/gpu/lib.sh
 . "$here/gpu/lib.sh"
 trap 'cleanup_apps; rm -rf "$IMAGES"' EXIT
 mkdir -p "$WORK/bin"

@@ -13,6 +13,7 @@ CTL=${CTL:-$(command -v cuda-checkpoint-ctl || true)}
 WORK=${WORK:-/tmp/gpu-test}
 SIZES=${1:-"1 32"}
 read -r MULTI_N MULTI_GIB <<<"${MULTI:-4 4}"
+# shellcheck source=scripts/gpu/lib.sh
 . "$here/gpu/lib.sh"
 trap cleanup_apps EXIT
 
@@ -31,7 +32,8 @@ roundtrip() {
 	start_app "$st" "$@"
 	pid=$LAST_PID
 	wait_for "$st" '^ready' 600 || { fail "$name: did not start"; return; }
-	line=$(ask_verify "$pid" "$st") && verified_ok "$line" || { fail "$name: first check: $line"; return; }
+	line=$(ask_verify "$pid" "$st")
+	verified_ok "$line" || { fail "$name: first check: $line"; return; }
 	used_before=$(gpu_used_mib)
 	t0=$(now)
 	"$CTL" --suspend --pid "$pid" --timeout 10000 --json >"$WORK/$name.suspend.json" ||
@@ -66,12 +68,20 @@ done
 say "== $MULTI_N processes of $MULTI_GIB GiB under one parent, toggled as a tree"
 start_app_tree "$MULTI_N" "$MULTI_GIB" "$WORK/multi." 300 || fail "multi: applications did not start"
 for i in $(seq 1 "$MULTI_N"); do ask_verify "${kids[$((i - 1))]}" "$WORK/multi.$i.status" >/dev/null; done
-"$CTL" --suspend --tree "$parent" --timeout 10000 --json >"$WORK/multi.suspend.json" &&
-	pass "multi: suspend --tree" || { fail "multi: suspend --tree"; cat "$WORK/multi.suspend.json"; }
+if "$CTL" --suspend --tree "$parent" --timeout 10000 --json >"$WORK/multi.suspend.json"; then
+	pass "multi: suspend --tree"
+else
+	fail "multi: suspend --tree"
+	cat "$WORK/multi.suspend.json"
+fi
 "$CTL" --get-state --tree "$parent"
 check "multi: all $MULTI_N checkpointed" test "$("$CTL" --get-state --tree "$parent" | grep -c checkpointed)" -eq "$MULTI_N"
-"$CTL" --resume --tree "$parent" --json >"$WORK/multi.resume.json" &&
-	pass "multi: resume --tree" || { fail "multi: resume --tree"; cat "$WORK/multi.resume.json"; }
+if "$CTL" --resume --tree "$parent" --json >"$WORK/multi.resume.json"; then
+	pass "multi: resume --tree"
+else
+	fail "multi: resume --tree"
+	cat "$WORK/multi.resume.json"
+fi
 for i in $(seq 1 "$MULTI_N"); do
 	line=$(ask_verify "${kids[$((i - 1))]}" "$WORK/multi.$i.status")
 	check "multi: process $i data intact ($line)" verified_ok "$line"
@@ -103,6 +113,7 @@ say "== what the driver answers in corner cases (facts for the simulation)"
 sleep 300 &
 plain=$!
 for op in "--get-restore-tid" "--get-state" "--action lock"; do
+	# shellcheck disable=SC2086 # $op is an option and its value
 	out=$("$CTL" $op --pid "$plain" 2>&1)
 	say "non-CUDA process, $op: exit $? : $out"
 done

@@ -51,6 +51,8 @@ if [ $containers = 1 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get install -y -qq --no-install-recommends podman containerd runc uidmap zstd tar >/dev/null
 fi
+say "shellcheck (the tests lint the scripts)"
+command -v shellcheck >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck >/dev/null
 export PATH="$PREFIX/sbin:$PATH"
 
 say "building (release)"

@@ -141,6 +141,8 @@ pub fn report(path: &Path, c: &Checkpoint) -> Report {
 }
 
 /// One line per process holding GPU state (the lines `criu-gpu-check` always printed).
+const UPSTREAM: &str = criu_gpu_image::restorable::UPSTREAM_PLUGIN;
+
 pub fn gpu_lines(gpu: &Inspection) -> Vec<String> {
     let mut lines = Vec::new();
     if let Some(cuda) = &gpu.cuda {
@@ -163,6 +165,20 @@ pub fn gpu_lines(gpu: &Inspection) -> Vec<String> {
                 } else {
                     gpus.join(", ")
                 }
+            ));
+        }
+    }
+    if let Some(procs) = &gpu.cuda_upstream {
+        if procs.is_empty() {
+            lines.push(format!(
+                "CUDA state dumped by CRIU's {UPSTREAM}, no process of it found"
+            ));
+        }
+        for p in procs {
+            lines.push(format!(
+                "CUDA process {} ({}), dumped by CRIU's {UPSTREAM}: device memory inside its \
+                 pages, GPUs not recorded",
+                p.pid, p.comm
             ));
         }
     }
@@ -271,11 +287,26 @@ pub fn print_report(r: &Report) {
                 );
             }
         }
-        None if r.gpu.rocm.is_empty() => row(
-            "GPU state",
-            "none: no process of this checkpoint held GPU state".into(),
-        ),
-        None => {}
+        None => match &r.gpu.cuda_upstream {
+            Some(procs) => {
+                row(
+                    "CUDA",
+                    format!(
+                        "dumped by CRIU's {UPSTREAM} ({} process(es)); it records no GPUs or \
+                         sizes: the device memory is inside the processes' pages",
+                        procs.len()
+                    ),
+                );
+                for p in procs {
+                    row("process", format!("{} ({})", p.pid, p.comm));
+                }
+            }
+            None if r.gpu.rocm.is_empty() => row(
+                "GPU state",
+                "none: no process of this checkpoint held GPU state".into(),
+            ),
+            None => {}
+        },
     }
     for p in &r.gpu.rocm {
         row(

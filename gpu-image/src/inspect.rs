@@ -12,6 +12,9 @@ use crate::record;
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Inspection {
     pub cuda: Option<CudaInspection>,
+    /// An image of CRIU's C cuda_plugin (no record of ours): the processes that mapped the CUDA
+    /// driver, whose device memory that plugin left inside their pages.
+    pub cuda_upstream: Option<Vec<crate::criu_image::CudaMapper>>,
     pub rocm: Vec<RocmProcess>,
     pub problems: Vec<String>,
 }
@@ -66,7 +69,7 @@ pub fn inspect(dir: &Path) -> Inspection {
     let mut out = Inspection::default();
     match record::read::<cuda::CudaImage>(dir, cuda::RECORD, cuda::FORMAT, cuda::VERSION) {
         Ok(Some(img)) => out.cuda = Some(cuda_inspection(&img)),
-        Ok(None) => {}
+        Ok(None) => out.cuda_upstream = upstream(dir, &mut out.problems),
         Err(e) => out.problems.push(e.to_string()),
     }
     for p in crate::amd::images(dir) {
@@ -85,6 +88,25 @@ pub fn inspect(dir: &Path) -> Inspection {
         }
     }
     out
+}
+
+/// The CUDA processes of an image whose inventory names CRIU's C cuda_plugin.
+fn upstream(dir: &Path, problems: &mut Vec<String>) -> Option<Vec<crate::criu_image::CudaMapper>> {
+    use crate::criu_image;
+    let listed = criu_image::inventory_plugins(dir).ok().flatten()?;
+    if !listed
+        .iter()
+        .any(|p| p == crate::restorable::UPSTREAM_PLUGIN)
+    {
+        return None;
+    }
+    match criu_image::cuda_mappers(dir) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            problems.push(e.to_string());
+            Some(Vec::new())
+        }
+    }
 }
 
 fn cuda_inspection(img: &cuda::CudaImage) -> CudaInspection {

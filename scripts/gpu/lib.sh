@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034 # sourced: LAST_PID, kids and parent are read by the scripts that source it
 # Shared helpers of the GPU-machine scripts (sourced, not run).
 # Expects: CTL (cuda-checkpoint-ctl), WORK (scratch directory).
 

@@ -70,6 +70,30 @@ fn images_of_criu_cuda_plugin_restore_with_this_plugin() {
         !images.join("gpu-cuda.json").exists(),
         "an image of the C plugin"
     );
+    // What it holds, and whether this node restores it, before the restore.
+    for (args, want) in [
+        (
+            vec!["inspect"],
+            "dumped by CRIU's cuda_plugin (1 process(es))",
+        ),
+        (vec!["check"], "OK: this node can restore it"),
+    ] {
+        let out = std::process::Command::new(artifact("criu-gpu"))
+            .args(&args)
+            .arg(&images)
+            .envs(sim.env())
+            .env("CRIU_GPU_CONFIG", "/nonexistent")
+            .output()
+            .unwrap();
+        let text = format!("{}{}", stdout(&out), stderr(&out));
+        assert!(out.status.success(), "{args:?}: {text}");
+        assert!(
+            text.contains(want)
+                && text.contains(&app.pid.to_string())
+                && text.contains("cuda-sim-app"),
+            "{args:?}: {text}"
+        );
+    }
     wait_gone(app.pid);
     assert_ok(
         &ours.restore(&sim, &images, &[], &[]),
