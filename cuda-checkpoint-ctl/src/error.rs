@@ -180,10 +180,12 @@ fn nccl_ranks(ranks: &[(i32, String, Vec<crate::nccl::Transport>)]) -> String {
     format!(
         "NCCL ranks of this node would talk to each other through transports the driver \
          checkpoints but cannot restore: {}; suspending them would leave them unable to run \
-         again. Nothing was done. Start the job with {} (NCCL then talks through sockets), or \
-         pass --no-nccl-check if these processes do not talk to each other through NCCL",
+         again. Nothing was done. Start the job with {} (NCCL then talks through sockets) or {} \
+         (shared memory without cuMem), or pass --no-nccl-check if these processes do not talk \
+         to each other through NCCL",
         each.join(", "),
-        crate::nccl::SOCKETS_ONLY
+        crate::nccl::SOCKETS_ONLY,
+        crate::nccl::SHM_WITHOUT_CUMEM
     )
 }
 

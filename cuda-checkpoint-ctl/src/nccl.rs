@@ -1,12 +1,13 @@
-//! What the r580 driver can bring back of an NCCL job (docs/driver-facts.md, F13, measured on two
-//! H200s with NCCL 2.28): ranks that share a node talk through P2P (CUDA IPC, or cuMem handles
-//! over NVLink), shared memory, or cuMem-shared buffers unless NCCL is told not to. The driver
-//! checkpoints such a rank but refuses to restore it (`CUDA_ERROR_NOT_SUPPORTED`, or
-//! `CUDA_ERROR_INVALID_VALUE` for legacy IPC), so the rank can never run again: neither after the
-//! dump nor after a dump that failed. With P2P, SHM and cuMem off, NCCL talks through sockets and
-//! the ranks come back, even onto swapped GPUs.
+//! What the r580 driver can bring back of an NCCL job (docs/driver-facts.md, F13 and F16, measured
+//! on two H200s with NCCL 2.28): ranks that share a node talk through P2P (CUDA IPC, or cuMem
+//! handles over NVLink) or shared memory unless NCCL is told not to. The driver checkpoints a rank
+//! that talks through P2P (with or without cuMem), or through shared memory with cuMem on, but
+//! refuses to restore it (`CUDA_ERROR_NOT_SUPPORTED`, or `CUDA_ERROR_INVALID_VALUE` for legacy
+//! IPC), so the rank can never run again: neither after the dump nor after a dump that failed.
+//! Sockets (cuMem on or off) and shared memory with cuMem off come back, sockets even onto
+//! swapped GPUs.
 //!
-//! So before anything is locked, the ranks of one node must have those transports off. NCCL reads
+//! So before anything is locked, the ranks of one node must have P2P off, and SHM or cuMem off. NCCL reads
 //! its settings from the environment, then from `NCCL_CONF_FILE` or `~/.nccl.conf`, then from
 //! `/etc/nccl.conf` (a file fills in only what is not set yet), all as the process saw them.
 
@@ -17,6 +18,8 @@ use crate::process;
 
 /// The settings that make a node's ranks talk through sockets only.
 pub const SOCKETS_ONLY: &str = "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0";
+/// The other restorable way: shared memory without cuMem (F16).
+pub const SHM_WITHOUT_CUMEM: &str = "NCCL_P2P_DISABLE=1 NCCL_CUMEM_ENABLE=0";
 
 /// An NCCL transport between ranks of one node that the driver cannot restore.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -86,8 +89,22 @@ impl Config {
         self.values.get(key)?.trim().parse().ok()
     }
 
-    /// The transports between ranks of one node that are left on.
+    /// The transports left on that make ranks of one node unrestorable: P2P, or SHM with cuMem.
     pub fn unrestorable(&self) -> Vec<Transport> {
+        let on = self.transports();
+        let p2p = on.contains(&Transport::P2p);
+        let shm_cumem = on.contains(&Transport::Shm) && on.contains(&Transport::CuMem);
+        on.into_iter()
+            .filter(|t| match t {
+                Transport::P2p => true,
+                Transport::Shm => shm_cumem,
+                Transport::CuMem => p2p || shm_cumem,
+            })
+            .collect()
+    }
+
+    /// The transports between ranks of one node that are left on.
+    fn transports(&self) -> Vec<Transport> {
         let mut on = Vec::new();
         let p2p_off = self.int("NCCL_P2P_DISABLE").is_some_and(|v| v != 0)
             || self
@@ -187,10 +204,26 @@ mod tests {
             &env(&[("NCCL_SHM_DISABLE", "0")]),
             &[
                 "NCCL_SHM_DISABLE=1\nNCCL_P2P_DISABLE=1",
-                "NCCL_P2P_DISABLE=0\nNCCL_CUMEM_ENABLE=0",
+                "NCCL_P2P_DISABLE=0",
             ],
         );
-        assert_eq!(c.unrestorable(), vec![Transport::Shm]);
+        assert_eq!(c.unrestorable(), vec![Transport::Shm, Transport::CuMem]);
+    }
+
+    /// F13 and F16 (two H200s, r580, NCCL 2.28.9): what came back and what did not.
+    #[test]
+    fn what_the_driver_restores() {
+        let of = |pairs: &[(&str, &str)]| Config::from_sources(&env(pairs), &[]).unrestorable();
+        let on = ("NCCL_P2P_DISABLE", "1");
+        // Sockets, cuMem on or off, and SHM without cuMem came back.
+        assert!(of(&[on, ("NCCL_SHM_DISABLE", "1")]).is_empty());
+        assert!(of(&[on, ("NCCL_CUMEM_ENABLE", "0")]).is_empty());
+        // SHM with cuMem: NOT_SUPPORTED; P2P over legacy IPC: INVALID_VALUE.
+        assert_eq!(of(&[on]), vec![Transport::Shm, Transport::CuMem]);
+        assert_eq!(
+            of(&[("NCCL_SHM_DISABLE", "1"), ("NCCL_CUMEM_ENABLE", "0")]),
+            vec![Transport::P2p]
+        );
     }
 
     #[test]

@@ -145,9 +145,11 @@ impl Plan {
                     nccl::names(&u.transports)
                 ),
                 fix: format!(
-                    "start the job with {} (NCCL then talks through sockets), or set \
-                     CRIU_GPU_NCCL_CHECK=0 if these processes do not talk through NCCL",
-                    nccl::SOCKETS_ONLY
+                    "start the job with {} (NCCL then talks through sockets) or {} (shared \
+                     memory without cuMem), or set CRIU_GPU_NCCL_CHECK=0 if these processes do \
+                     not talk through NCCL",
+                    nccl::SOCKETS_ONLY,
+                    nccl::SHM_WITHOUT_CUMEM
                 ),
             });
         }

@@ -239,10 +239,12 @@ fn nccl(ranks: &[(Who, Vec<Transport>)]) -> String {
          driver checkpoints but cannot restore: {}; a dump would leave them unable to run again \
          (measured with r580: the restore answers CUDA_ERROR_NOT_SUPPORTED). Nothing was locked. \
          Start the job with {} (in its environment or /etc/nccl.conf): NCCL then talks through \
-         sockets between its ranks, which dump and restore. If these processes do not talk to \
-         each other through NCCL, set CRIU_GPU_NCCL_CHECK=0",
+         sockets between its ranks, which dump and restore; or with {} (shared memory without \
+         cuMem, which restores too). If these processes do not talk to each other through NCCL, \
+         set CRIU_GPU_NCCL_CHECK=0",
         each.join(", "),
-        nccl::SOCKETS_ONLY
+        nccl::SOCKETS_ONLY,
+        nccl::SHM_WITHOUT_CUMEM
     )
 }
 
