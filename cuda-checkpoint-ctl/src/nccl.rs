@@ -7,9 +7,10 @@
 //! Sockets (cuMem on or off) and shared memory with cuMem off come back, sockets even onto
 //! swapped GPUs.
 //!
-//! So before anything is locked, the ranks of one node must have P2P off, and SHM or cuMem off. NCCL reads
-//! its settings from the environment, then from `NCCL_CONF_FILE` or `~/.nccl.conf`, then from
-//! `/etc/nccl.conf` (a file fills in only what is not set yet), all as the process saw them.
+//! So before anything is locked, the ranks of one node must have P2P off, and SHM or cuMem off.
+//! NCCL reads its settings from the environment, then from `NCCL_CONF_FILE` or `~/.nccl.conf`,
+//! then from `/etc/nccl.conf` (a file fills in only what is not set yet), all as the process saw
+//! them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -22,40 +22,26 @@ pub enum CriuImageError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{path} is not a CRIU inventory image ({why}): the checkpoint is damaged or not a CRIU image directory")]
+    #[error("{path} is not a valid CRIU image ({why}): the checkpoint is damaged or not a CRIU image directory")]
     Bad { path: String, why: &'static str },
 }
 
 /// The plugins the image's inventory lists: `Ok(None)` when it has no list (dumped by CRIU < 4.1,
 /// or no plugin was needed and this CRIU writes none).
 pub fn inventory_plugins(dir: &Path) -> Result<Option<Vec<String>>, CriuImageError> {
-    let path = dir.join("inventory.img");
-    let io = |source| CriuImageError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    let bad = |why| CriuImageError::Bad {
-        path: path.display().to_string(),
-        why,
-    };
-    let meta = std::fs::metadata(&path).map_err(io)?;
-    if meta.len() > MAX_INVENTORY {
-        return Err(bad("too large"));
-    }
-    let bytes = std::fs::read(&path).map_err(io)?;
-    let (magic, rest) = split_u32(&bytes).ok_or_else(|| bad("too short"))?;
-    if magic != INVENTORY_MAGIC {
-        return Err(bad("wrong magic"));
-    }
-    let (len, rest) = split_u32(rest).ok_or_else(|| bad("no entry"))?;
-    let entry = rest.get(..len as usize).ok_or_else(|| bad("truncated"))?;
+    let inv = Image::read(
+        &dir.join("inventory.img"),
+        false,
+        INVENTORY_MAGIC,
+        MAX_INVENTORY,
+    )?;
+    let entry = inv.entries.first().ok_or_else(|| inv.bad("no entry"))?;
     let mut list = None;
-    for field in Fields(entry) {
-        let (tag, value) = field.map_err(bad)?;
+    for (tag, value) in inv.fields(entry)? {
         if let (PLUGINS_ENTRY, Value::Bytes(b)) = (tag, value) {
             let names = list.get_or_insert_with(Vec::new);
-            for inner in Fields(b) {
-                if let (PLUGINS, Value::Bytes(name)) = inner.map_err(bad)? {
+            for (t, v) in inv.fields(b)? {
+                if let (PLUGINS, Value::Bytes(name)) = (t, v) {
                     names.push(String::from_utf8_lossy(name).into_owned());
                 }
             }
@@ -89,57 +75,45 @@ pub struct CudaMapper {
 /// The processes of the image in `dir` that mapped `libcuda.so` when they were dumped, read from
 /// CRIU's pstree, files, mm and core images (criu/images/{pstree,fdinfo,regfile,mm,vma,core}.proto).
 pub fn cuda_mappers(dir: &Path) -> Result<Vec<CudaMapper>, CriuImageError> {
-    let mut names = std::collections::HashMap::new();
+    let image = |name: &str, magic| Image::read(&dir.join(name), true, magic, MAX_IMAGE);
     // files.img: file_entry { type = 1; id = 2; reg = 3 { name = 6 } }
-    for entry in entries(&dir.join("files.img"), FILES_MAGIC)? {
-        let (mut kind, mut id, mut name) = (0, 0, None);
-        for (tag, value) in fields(&entry)? {
-            match (tag, value) {
-                (1, Value::Varint(v)) => kind = v,
-                (2, Value::Varint(v)) => id = v,
-                (3, Value::Bytes(reg)) => {
-                    for (t, v) in fields(reg)? {
-                        if let (6, Value::Bytes(n)) = (t, v) {
-                            name = Some(String::from_utf8_lossy(n).into_owned());
-                        }
-                    }
-                }
-                _ => {}
-            }
+    let files = image("files.img", FILES_MAGIC)?;
+    let mut names = std::collections::HashMap::new();
+    for entry in &files.entries {
+        let f = files.fields(entry)?;
+        if varint_field(&f, 1) != Some(FD_REG) {
+            continue;
         }
-        if let (FD_REG, Some(name)) = (kind, name) {
-            names.insert(id, name);
+        if let (Some(id), Some(reg)) = (varint_field(&f, 2), bytes_field(&f, 3)) {
+            if let Some(name) = bytes_field(&files.fields(reg)?, 6) {
+                names.insert(id, String::from_utf8_lossy(name).into_owned());
+            }
         }
     }
     let mut out = Vec::new();
     // pstree.img: pstree_entry { pid = 1; ... }
-    for entry in entries(&dir.join("pstree.img"), PSTREE_MAGIC)? {
-        let Some(pid) = fields(&entry)?.into_iter().find_map(|(t, v)| match (t, v) {
-            (1, Value::Varint(p)) => Some(p as u32),
-            _ => None,
-        }) else {
+    let pstree = image("pstree.img", PSTREE_MAGIC)?;
+    for entry in &pstree.entries {
+        let Some(pid) = varint_field(&pstree.fields(entry)?, 1).map(|p| p as u32) else {
             continue;
         };
         // mm-PID.img: mm_entry { vmas = 14 { shmid = 4; status = 7 } }
-        let mm = entries(&dir.join(format!("mm-{pid}.img")), MM_MAGIC)?;
-        let maps_cuda = mm.first().map(|m| fields(m)).transpose()?.is_some_and(|f| {
-            f.iter().any(|(t, v)| match (t, v) {
-                (14, Value::Bytes(vma)) => fields(vma).is_ok_and(|vf| {
-                    let get = |n| {
-                        vf.iter().find_map(|(t, v)| match (t, v) {
-                            (t, Value::Varint(x)) if *t == n => Some(*x),
-                            _ => None,
-                        })
-                    };
-                    let file =
-                        get(7).is_some_and(|s| s & (VMA_FILE_PRIVATE | VMA_FILE_SHARED) != 0);
-                    file && get(4)
+        let mm = image(&format!("mm-{pid}.img"), MM_MAGIC)?;
+        let mut maps_cuda = false;
+        if let Some(entry) = mm.entries.first() {
+            for (tag, value) in mm.fields(entry)? {
+                let (14, Value::Bytes(vma)) = (tag, value) else {
+                    continue;
+                };
+                let v = mm.fields(vma)?;
+                let file = varint_field(&v, 7)
+                    .is_some_and(|s| s & (VMA_FILE_PRIVATE | VMA_FILE_SHARED) != 0);
+                maps_cuda |= file
+                    && varint_field(&v, 4)
                         .and_then(|id| names.get(&id))
-                        .is_some_and(|n| is_libcuda(n))
-                }),
-                _ => false,
-            })
-        });
+                        .is_some_and(|n| is_libcuda(n));
+            }
+        }
         if maps_cuda {
             out.push(CudaMapper {
                 pid,
@@ -158,57 +132,91 @@ fn is_libcuda(path: &str) -> bool {
 
 /// core-PID.img: core_entry { tc = 3 { comm = 6 } }
 fn comm(dir: &Path, pid: u32) -> Option<String> {
-    let core = entries(&dir.join(format!("core-{pid}.img")), CORE_MAGIC).ok()?;
-    fields(core.first()?)
-        .ok()?
-        .into_iter()
-        .find_map(|(t, v)| match (t, v) {
-            (3, Value::Bytes(tc)) => fields(tc)
-                .ok()?
-                .into_iter()
-                .find_map(|(t, v)| match (t, v) {
-                    (6, Value::Bytes(c)) => Some(String::from_utf8_lossy(c).into_owned()),
-                    _ => None,
-                }),
-            _ => None,
-        })
+    let core = Image::read(
+        &dir.join(format!("core-{pid}.img")),
+        true,
+        CORE_MAGIC,
+        MAX_IMAGE,
+    )
+    .ok()?;
+    let tc = bytes_field(&core.fields(core.entries.first()?).ok()?, 3)?;
+    let comm = bytes_field(&core.fields(tc).ok()?, 6)?;
+    Some(String::from_utf8_lossy(comm).into_owned())
 }
 
-/// The entries of a CRIU image: the common magic, the image's magic, then (length, message) pairs.
-fn entries(path: &Path, magic: u32) -> Result<Vec<Vec<u8>>, CriuImageError> {
-    let io = |source| CriuImageError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    let bad = |why| CriuImageError::Bad {
-        path: path.display().to_string(),
-        why,
-    };
-    if std::fs::metadata(path).map_err(io)?.len() > MAX_IMAGE {
-        return Err(bad("too large"));
-    }
-    let bytes = std::fs::read(path).map_err(io)?;
-    let (common, rest) = split_u32(&bytes).ok_or_else(|| bad("too short"))?;
-    let (own, mut rest) = split_u32(rest).ok_or_else(|| bad("too short"))?;
-    if common != IMG_COMMON_MAGIC || own != magic {
-        return Err(bad("wrong magic"));
-    }
-    let mut out = Vec::new();
-    while let Some((len, after)) = split_u32(rest) {
-        let entry = after.get(..len as usize).ok_or_else(|| bad("truncated"))?;
-        out.push(entry.to_vec());
-        rest = &after[len as usize..];
-    }
-    Ok(out)
+/// One CRIU image file: its magic checked, then its (32-bit length, protobuf message) entries.
+struct Image {
+    path: String,
+    entries: Vec<Vec<u8>>,
 }
 
-fn fields(b: &[u8]) -> Result<Vec<(u64, Value<'_>)>, CriuImageError> {
-    Fields(b)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|why| CriuImageError::Bad {
-            path: "an image entry".into(),
+impl Image {
+    /// `common`: the image starts with IMG_COMMON_MAGIC (all but the inventory do).
+    fn read(path: &Path, common: bool, magic: u32, max: u64) -> Result<Image, CriuImageError> {
+        let mut image = Image {
+            path: path.display().to_string(),
+            entries: Vec::new(),
+        };
+        let io = |source| CriuImageError::Io {
+            path: image.path.clone(),
+            source,
+        };
+        if std::fs::metadata(path).map_err(io)?.len() > max {
+            return Err(image.bad("too large"));
+        }
+        let bytes = std::fs::read(path).map_err(io)?;
+        let mut rest = bytes.as_slice();
+        let magics = if common {
+            vec![IMG_COMMON_MAGIC, magic]
+        } else {
+            vec![magic]
+        };
+        for want in magics {
+            let (got, after) = split_u32(rest).ok_or_else(|| image.bad("too short"))?;
+            if got != want {
+                return Err(image.bad("wrong magic"));
+            }
+            rest = after;
+        }
+        while let Some((len, after)) = split_u32(rest) {
+            let entry = after
+                .get(..len as usize)
+                .ok_or_else(|| image.bad("truncated"))?;
+            image.entries.push(entry.to_vec());
+            rest = &after[len as usize..];
+        }
+        Ok(image)
+    }
+
+    fn bad(&self, why: &'static str) -> CriuImageError {
+        CriuImageError::Bad {
+            path: self.path.clone(),
             why,
-        })
+        }
+    }
+
+    /// The fields of `message`, an entry of this image or a message inside one.
+    fn fields<'a>(&self, message: &'a [u8]) -> Result<Vec<(u64, Value<'a>)>, CriuImageError> {
+        Fields(message)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|why| self.bad(why))
+    }
+}
+
+/// The first varint field numbered `tag`.
+fn varint_field(fields: &[(u64, Value<'_>)], tag: u64) -> Option<u64> {
+    fields.iter().find_map(|(t, v)| match v {
+        Value::Varint(x) if *t == tag => Some(*x),
+        _ => None,
+    })
+}
+
+/// The first length-delimited field numbered `tag`.
+fn bytes_field<'a>(fields: &[(u64, Value<'a>)], tag: u64) -> Option<&'a [u8]> {
+    fields.iter().find_map(|(t, v)| match v {
+        Value::Bytes(b) if *t == tag => Some(*b),
+        _ => None,
+    })
 }
 
 fn split_u32(b: &[u8]) -> Option<(u32, &[u8])> {

@@ -81,7 +81,13 @@ part_torchrun() {
 		env ${v#*|} python3 -c "
 import os, torch.distributed as d
 s = d.TCPStore('127.0.0.1', 0, is_master=True, use_libuv=${v%%|*} == 1)
-fds = [f for f in os.listdir('/proc/self/fd') if 'io_uring' in os.readlink('/proc/self/fd/' + f)]
+fds = []
+for f in os.listdir('/proc/self/fd'):
+    try:
+        if 'io_uring' in os.readlink('/proc/self/fd/' + f):
+            fds.append(f)
+    except OSError:  # the fd listdir itself held
+        pass
 print('TCPStore use_libuv=${v%%|*} ${v#*|}: io_uring fds', len(fds))" 2>&1 | tail -1 | tee -a "$OUT/probe.log"
 	done
 	cat >"$W/worker.py" <<'PY'

@@ -84,6 +84,12 @@ fn start_job(sim: &mut Sim, launcher: Option<&Path>, n: usize, extra: &[(&str, &
 }
 
 impl Job {
+    /// `criu-gpu dump ROOT IMAGES` with `env` added.
+    fn dump(&self, sim: &Sim, c: &Criu, images: &Path, env: &[(&str, &str)]) -> Output {
+        let root = self.root.to_string();
+        criu_gpu(sim, c, &["dump", &root, images.to_str().unwrap()], env)
+    }
+
     /// Waits until no process of the job is left (dumped and killed, or killed by a restore).
     fn gone(&self) {
         for p in &self.pids {
@@ -132,12 +138,7 @@ fn a_job_of_two_ranks_is_dumped_and_restored_on_the_same_host_and_goes_on() {
     let c = Criu::new(&sim);
     let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
     let images = dir_of(&sim, "img");
-    let out = criu_gpu(
-        &sim,
-        &c,
-        &["dump", &job.root.to_string(), images.to_str().unwrap()],
-        &[],
-    );
+    let out = job.dump(&sim, &c, &images, &[]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     for want in [
@@ -198,12 +199,7 @@ fn an_io_uring_in_the_job_is_refused_before_anything_is_frozen() {
     let launcher = uring_launcher(&sim.dir);
     let job = start_job(&mut sim, Some(&launcher), 2, &NCCL_SOCKETS_ONLY);
     let images = dir_of(&sim, "img");
-    let out = criu_gpu(
-        &sim,
-        &c,
-        &["dump", &job.root.to_string(), images.to_str().unwrap()],
-        &[],
-    );
+    let out = job.dump(&sim, &c, &images, &[]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     assert!(
@@ -223,12 +219,7 @@ fn ranks_whose_nccl_transports_cannot_be_restored_are_refused_before_anything_is
     let preload = lib.display().to_string();
     let job = start_job(&mut sim, None, 2, &[("LD_PRELOAD", &preload)]);
     let images = dir_of(&sim, "img");
-    let out = criu_gpu(
-        &sim,
-        &c,
-        &["dump", &job.root.to_string(), images.to_str().unwrap()],
-        &[],
-    );
+    let out = job.dump(&sim, &c, &images, &[]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     assert!(
@@ -257,12 +248,7 @@ fn a_rank_alone_under_a_launcher_that_maps_the_driver_is_not_refused() {
         "the launcher maps the driver and NCCL ({libcuda:?}):\n{maps}"
     );
     let images = dir_of(&sim, "img");
-    let out = criu_gpu(
-        &sim,
-        &c,
-        &["dump", &job.root.to_string(), images.to_str().unwrap()],
-        &[],
-    );
+    let out = job.dump(&sim, &c, &images, &[]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("GPU: checkpointed 1 CUDA process(es)"), "{t}");
@@ -280,12 +266,7 @@ fn a_failed_dump_leaves_every_rank_running_with_its_data() {
     let images = dir_of(&sim, "img");
     let rank1 = job.pids[job.pids.len() - 1].to_string();
     let fault = format!("checkpoint/{rank1}=UNKNOWN");
-    let out = criu_gpu(
-        &sim,
-        &c,
-        &["dump", &job.root.to_string(), images.to_str().unwrap()],
-        &[("CUDA_SIM_FAULT", &fault)],
-    );
+    let out = job.dump(&sim, &c, &images, &[("CUDA_SIM_FAULT", &fault)]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     assert!(
@@ -301,12 +282,7 @@ fn a_failed_restore_leaves_the_images_retryable() {
     let c = Criu::new(&sim);
     let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
     let images = dir_of(&sim, "img");
-    let out = criu_gpu(
-        &sim,
-        &c,
-        &["dump", &job.root.to_string(), images.to_str().unwrap()],
-        &[],
-    );
+    let out = job.dump(&sim, &c, &images, &[]);
     assert!(out.status.success(), "{}", text(&out));
     job.gone();
     let out = criu_gpu(
@@ -344,12 +320,7 @@ fn a_restore_whose_listening_port_is_taken_is_refused_naming_the_holder_and_then
         })
         .expect("the store's listener")
         .local;
-    let out = criu_gpu(
-        &sim,
-        &c,
-        &["dump", &job.root.to_string(), images.to_str().unwrap()],
-        &[],
-    );
+    let out = job.dump(&sim, &c, &images, &[]);
     assert!(out.status.success(), "{}", text(&out));
     job.gone();
     let blocker = std::net::TcpListener::bind(store).unwrap();

@@ -116,8 +116,9 @@ impl JobFacts {
             return;
         };
         let survey = ops::survey(&driver, &mappers, std::time::Duration::from_secs(2));
+        let known = survey.pids();
         for m in self.members.iter_mut().filter(|m| m.cuda) {
-            m.cuda = survey.pids().contains(&m.pid) || survey.denied.contains(&m.pid);
+            m.cuda = known.contains(&m.pid) || survey.denied.contains(&m.pid);
         }
     }
 

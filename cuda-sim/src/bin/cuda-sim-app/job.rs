@@ -5,9 +5,10 @@
 //! sockets share their listener's port), and an unlinked shared-memory file in /dev/shm that all
 //! ranks write (NCCL's `nccl-*` files). As NCCL's, the ring listeners have no SO_REUSEADDR, and
 //! each first serves a short bootstrap connection that it closes first: the TIME_WAIT socket this
-//! leaves on its port is what kept a real job's listener from being restored (CRIU patch 0005). Every step each rank writes its slot of the file, sends the
-//! step and its slot's hash to the next rank and checks what the previous one sent against the
-//! previous slot: a job restored with a connection, a byte of the file or a step lost says so.
+//! leaves on its port is what kept a real job's listener from being restored (CRIU patch 0005).
+//! Every step each rank writes its slot of the file, sends the step and its slot's hash to the
+//! next rank and checks what the previous one sent against the previous slot: a job restored with
+//! a connection, a byte of the file or a step lost says so.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
