@@ -49,6 +49,28 @@ pub struct ProcessRecord {
     /// The process had NCCL loaded.
     #[serde(default)]
     pub nccl: bool,
+    /// Where its checkpoint put the device memory in the process (the driver's staging, plain
+    /// private memory that only the driver's restore reads): a restore lets these pages arrive
+    /// while the driver already runs. Empty in records of earlier releases.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub staging: Vec<Span>,
+}
+
+/// An address range of a process, `[start, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Span {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Span {
+    pub fn len(&self) -> u64 {
+        self.end.saturating_sub(self.start)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +85,14 @@ impl CudaImage {
         self.processes
             .iter()
             .flat_map(|p| p.gpus.iter().filter_map(|u| u.memory))
+            .sum()
+    }
+
+    /// Bytes of the processes' staging (see `ProcessRecord::staging`).
+    pub fn staging_bytes(&self) -> u64 {
+        self.processes
+            .iter()
+            .flat_map(|p| p.staging.iter().map(Span::len))
             .sum()
     }
 }

@@ -261,6 +261,7 @@ mod tests {
                         memory: Some(gib << 30),
                     }],
                     nccl: false,
+                    staging: Vec::new(),
                 })
                 .collect(),
             digests: vec![],

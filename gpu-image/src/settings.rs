@@ -44,6 +44,10 @@ pub const KEYS: &[(&str, &str)] = &[
         "auto: raise transparent huge pages from madvise to always for a GPU checkpoint; always; off",
     ),
     (
+        "CRIU_GPU_OVERLAP",
+        "0: CRIU puts every page in place before the GPU restore instead of during it",
+    ),
+    (
         "CRIU_GPU_NCCL_CHECK",
         "0: dump NCCL ranks of one node even if their transports cannot be restored",
     ),

@@ -107,6 +107,16 @@ fn one_process_is_dumped_and_restored_with_its_device_memory() {
         restore_log.contains("restored CUDA state of 1 of 1"),
         "{restore_log}"
     );
+    // The driver's staging (its checkpoint of the 32 MiB) arrived while the driver restored.
+    assert!(
+        restore_log.contains("the GPU restore overlaps CRIU's pages: 0.03 GiB"),
+        "{restore_log}"
+    );
+    let criu_log = criu::log(&images, "restore.log");
+    assert!(
+        criu_log.contains("deferred-pages: 0.03 GiB in place"),
+        "{criu_log}"
+    );
 }
 
 #[test]

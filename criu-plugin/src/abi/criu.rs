@@ -14,6 +14,7 @@ type AddInventoryPlugin = unsafe extern "C" fn(*const c_char) -> c_int;
 type CheckAndRemoveInventoryPlugin = unsafe extern "C" fn(*const c_char, usize) -> bool;
 type VoidFn = unsafe extern "C" fn();
 type GetImageDir = unsafe extern "C" fn() -> c_int;
+type DeferPages = unsafe extern "C" fn(c_int, std::ffi::c_ulong, std::ffi::c_ulong) -> c_int;
 
 /// `opts.final_state` values (compel's task states).
 const TASK_ALIVE: i32 = 1;
@@ -27,6 +28,8 @@ struct Symbols {
     set_compel_interrupt_only_mode: Option<VoidFn>,
     dont_use_freeze_cgroup: Option<VoidFn>,
     criu_get_image_dir: Option<GetImageDir>,
+    /// The project's CRIU only (patch 0007).
+    criu_defer_pages: Option<DeferPages>,
     /// `struct cr_options opts`; `final_state` is its first field in every CRIU release.
     opts: Option<usize>,
     /// `struct pstree_item *root_item`, set before plugins are initialised on dump.
@@ -60,6 +63,8 @@ fn symbols() -> &'static Symbols {
                     .map(|p| std::mem::transmute::<*mut c_void, VoidFn>(p)),
                 criu_get_image_dir: lookup("criu_get_image_dir")
                     .map(|p| std::mem::transmute::<*mut c_void, GetImageDir>(p)),
+                criu_defer_pages: lookup("criu_defer_pages")
+                    .map(|p| std::mem::transmute::<*mut c_void, DeferPages>(p)),
                 opts: lookup("opts").map(|p| p as usize),
                 root_item: lookup("root_item").map(|p| p as usize),
             }
@@ -150,6 +155,15 @@ pub fn lazy_pages() -> bool {
         c.split(|b| *b == 0)
             .any(|a| a == b"--lazy-pages" || a == b"--lazy_pages")
     })
+}
+
+/// Lets the pages of task `pid` (its pid in the image) in `range` arrive while the restore goes
+/// on (the project's CRIU, patch 0007: `criu_defer_pages` in criu-plugin.h). `None` when this
+/// CRIU cannot, `Some(false)` when it refused.
+pub fn defer_pages(pid: i32, range: std::ops::Range<u64>) -> Option<bool> {
+    let f = symbols().criu_defer_pages?;
+    // SAFETY: plain integer arguments; CRIU copies them.
+    Some(unsafe { f(pid, range.start as _, range.end as _) } == 0)
 }
 
 /// Whether the restored image's inventory has a plugin list at all. CRIU's

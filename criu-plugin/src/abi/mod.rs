@@ -109,6 +109,9 @@ impl Host for CriuHost {
     fn lazy_pages(&self) -> bool {
         criu::lazy_pages()
     }
+    fn defer_pages(&self, pid: i32, range: std::ops::Range<u64>) -> Option<bool> {
+        criu::defer_pages(pid, range)
+    }
 }
 
 /// Forks the guardian from CRIU's process (see [`crate::guardian`]). It keeps its own handle on

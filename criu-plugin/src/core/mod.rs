@@ -6,6 +6,7 @@ pub mod error;
 pub mod stats;
 pub mod threads;
 
+use std::ops::Range;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -82,6 +83,12 @@ pub trait Host {
     /// Whether CRIU was asked for lazy pages.
     fn lazy_pages(&self) -> bool {
         false
+    }
+    /// Restore, from `init`: lets the pages of task `pid` (its pid in the image) in `range`
+    /// arrive while the restore goes on, for a consumer in RESUME_DEVICES_LATE. `None`: this
+    /// CRIU cannot (stock CRIU); `Some(false)`: it refused.
+    fn defer_pages(&self, _pid: i32, _range: Range<u64>) -> Option<bool> {
+        None
     }
 }
 

@@ -1,5 +1,6 @@
 //! A host for tests of the logic without CRIU: records what the backends asked of it.
 
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -41,6 +42,9 @@ impl ThreadControl for FakeThreads {
     }
 }
 
+/// A task's pid in the image and one of its ranges.
+pub type Deferred = (i32, Range<u64>);
+
 pub struct FakeHost {
     pub final_state: Option<FinalState>,
     pub image_dir: Option<PathBuf>,
@@ -49,6 +53,8 @@ pub struct FakeHost {
     pub threads: FakeThreads,
     pub root: Option<i32>,
     pub seize_left: Option<Duration>,
+    /// What `defer_pages` was asked (`None`: a CRIU that cannot, like stock CRIU).
+    pub deferred: Option<Mutex<Vec<Deferred>>>,
 }
 
 impl FakeHost {
@@ -61,6 +67,7 @@ impl FakeHost {
             threads: FakeThreads::default(),
             root: None,
             seize_left: Some(Duration::from_secs(10)),
+            deferred: Some(Mutex::new(Vec::new())),
         }
     }
 }
@@ -91,5 +98,9 @@ impl Host for FakeHost {
     }
     fn threads(&self) -> &dyn ThreadControl {
         &self.threads
+    }
+    fn defer_pages(&self, pid: i32, range: Range<u64>) -> Option<bool> {
+        self.deferred.as_ref()?.lock().unwrap().push((pid, range));
+        Some(true)
     }
 }

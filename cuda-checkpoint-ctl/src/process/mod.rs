@@ -5,6 +5,7 @@ mod environ;
 mod files;
 mod hold;
 mod io_uring;
+pub mod maps;
 mod net;
 
 pub use self::environ::{environ, in_root};

@@ -11,7 +11,7 @@
  * process also forks a child after its memory is in place.
  * Results go to STATUS, one line per event:
  *   ready pid=P words=W addr=0x...
- *   verified step=S mismatches=M first_bad=I
+ *   verified step=S mismatches=M first_bad=I sum=X   (X: the sum of the words as they are now)
  *   forked-child step=S mismatches=M
  * Like a CUDA process it also reserves a large range of address space it never touches (64 GiB,
  * PROT_NONE): a restore must not charge it as memory.
@@ -137,14 +137,18 @@ int main(int argc, char **argv)
 			check_in_child(d, n, seed, step);
 			continue;
 		}
+		uint64_t sum = 0;
+
 		bad = 0;
 		first = -1;
 		for (uint64_t i = 0; i < n; i++) {
 			if (d[i] != expected(seed, i, step) && !bad++)
 				first = (long long)i;
 			d[i] = expected(seed, i, step + 1);
+			sum += d[i];
 		}
-		status("verified step=%d mismatches=%llu first_bad=%lld", step, bad, first);
+		status("verified step=%d mismatches=%llu first_bad=%lld sum=%llx", step, bad, first,
+		       (unsigned long long)sum);
 		step++;
 	}
 }

@@ -1,6 +1,8 @@
 //! What the CUDA backend reads of processes (through `cuda_checkpoint_ctl::process`, the one
 //! place that reads /proc), behind a trait so its decisions can be tested without processes.
 
+use std::ops::Range;
+
 use cuda_checkpoint_ctl::nccl;
 use cuda_checkpoint_ctl::process::{self, IoUring, Libraries};
 
@@ -26,6 +28,8 @@ pub trait Procs: Send {
     fn nccl_unrestorable(&self, ranks: &[i32]) -> Vec<nccl::Unrestorable>;
     /// The process's io_uring instances, which CRIU cannot dump.
     fn io_uring(&self, pid: i32) -> Option<IoUring>;
+    /// Its unnamed private writable mappings (`process::maps`; empty if unreadable).
+    fn anon_writable(&self, pid: i32) -> Vec<Range<u64>>;
 }
 
 /// This machine.
@@ -76,6 +80,9 @@ impl Procs for Real {
     }
     fn io_uring(&self, pid: i32) -> Option<IoUring> {
         process::io_uring(pid).ok().flatten()
+    }
+    fn anon_writable(&self, pid: i32) -> Vec<Range<u64>> {
+        process::maps::anon_writable(pid).unwrap_or_default()
     }
     fn kill(&self, pid: i32) {
         let _ = nix::sys::signal::kill(

@@ -1,11 +1,13 @@
 //! The first CHECKPOINT_DEVICES: every CUDA process of the tree checkpointed at once, after
 //! checking that each is seized by CRIU and was not stopped since its lock.
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
+use cuda_checkpoint_ctl::process::maps;
 
-use criu_gpu_image::cuda::Usage;
+use criu_gpu_image::cuda::{Span, Usage};
 use criu_gpu_image::thp::{Raised, Want};
 
 use super::{Dump, Phase, Proc};
@@ -96,6 +98,11 @@ impl Dump {
             .parsed("CRIU_GPU_THP", |v| v.parse::<Want>())?
             .unwrap_or_default();
         raise_thp(g, thp)?;
+        // What plain memory each process has now: the checkpoint adds its staging to it.
+        let before: Vec<Vec<Range<u64>>> = todo
+            .iter()
+            .map(|p| procs.anon_writable(p.who.pid))
+            .collect();
         let start = Instant::now();
         let threads: Vec<(i32, i32)> = todo.iter().map(|p| (p.who.pid, p.tid)).collect();
         let (mut window, failed) = ThreadWindow::open(host.threads(), &threads);
@@ -143,10 +150,31 @@ impl Dump {
             return Err(HookError::gpu(DumpError::Checkpoints { failures }));
         }
         let secs = start.elapsed().as_secs_f64();
+        let staged: Vec<(i32, Vec<Span>)> = todo
+            .iter()
+            .zip(&before)
+            .map(|(p, before)| {
+                let after = procs.anon_writable(p.who.pid);
+                let spans = maps::added(before, &after)
+                    .into_iter()
+                    .map(|r| Span {
+                        start: r.start,
+                        end: r.end,
+                    })
+                    .collect();
+                (p.who.pid, spans)
+            })
+            .collect();
+        let count = todo.len();
+        for (pid, spans) in staged {
+            if let Some(p) = tree.cuda.iter_mut().find(|p| p.who.pid == pid) {
+                p.staging = spans;
+            }
+        }
         tracing::info!(
             "checkpointed {} CUDA process(es), {:.2} GiB of device memory, in {secs:.2} s \
              ({:.2} GB/s)",
-            todo.len(),
+            count,
             gib(bytes),
             bytes as f64 / 1e9 / secs.max(1e-9)
         );

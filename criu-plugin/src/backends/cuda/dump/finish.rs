@@ -36,6 +36,7 @@ impl Dump {
                     initial_state: p.initial,
                     gpus: p.usage.clone(),
                     nccl: p.nccl,
+                    staging: p.staging.clone(),
                 })
                 .collect(),
             digests: Vec::new(),

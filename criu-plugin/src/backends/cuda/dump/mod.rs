@@ -15,7 +15,7 @@ mod pause;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use criu_gpu_image::cuda::{self as image, Usage};
+use criu_gpu_image::cuda::{self as image, Span, Usage};
 use cuda_checkpoint_ctl::driver::ProcessState;
 use cuda_checkpoint_ctl::inventory::Inventory;
 use cuda_checkpoint_ctl::process::Libraries;
@@ -41,6 +41,8 @@ struct Proc {
     initial: ProcessState,
     nccl: bool,
     usage: Vec<Usage>,
+    /// Where its checkpoint put the device memory (`image::ProcessRecord::staging`).
+    staging: Vec<Span>,
 }
 
 /// The tree as the root's PAUSE_DEVICES found it.

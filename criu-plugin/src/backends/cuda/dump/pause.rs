@@ -150,6 +150,7 @@ impl Dump {
                 initial: state,
                 nccl,
                 usage: Vec::new(),
+                staging: Vec::new(),
             });
         }
         if !found.is_empty() && !self.required {

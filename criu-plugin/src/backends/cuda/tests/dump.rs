@@ -410,3 +410,31 @@ fn orders_sent_before_criu_ended_count_even_when_a_report_fails() {
         "{rec}"
     );
 }
+
+#[test]
+fn the_record_says_where_each_checkpoint_put_the_device_memory() {
+    let w = World::new(&[(10, R), (11, R)], &[]);
+    {
+        let mut t = w.tree.0.lock().unwrap();
+        // 10: a new range beside an old one; 11: a mapping that grew
+        t.anon.insert(
+            10,
+            vec![vec![0x1000..0x3000], vec![0x1000..0x3000, 0x8000..0x9000]],
+        );
+        t.anon
+            .insert(11, vec![vec![0x4000..0x5000], vec![0x4000..0x7000]]);
+    }
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    c.exit(&w.host, Stage::Dump, true);
+    let img: CudaImage = record::read(&w.host.image_dir.clone().unwrap(), RECORD, FORMAT, VERSION)
+        .unwrap()
+        .unwrap();
+    let staging: Vec<Vec<(u64, u64)>> = img
+        .processes
+        .iter()
+        .map(|p| p.staging.iter().map(|s| (s.start, s.end)).collect())
+        .collect();
+    assert_eq!(staging, [vec![(0x8000, 0x9000)], vec![(0x5000, 0x7000)]]);
+    assert_eq!(img.staging_bytes(), 0x3000);
+}

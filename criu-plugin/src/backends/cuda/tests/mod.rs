@@ -3,6 +3,7 @@
 //! guardian does alone when CRIU dies.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -246,6 +247,8 @@ struct TreeState {
     /// Processes whose root has no /dev/nvidiaN (a container restored with other devices).
     no_nodes: BTreeSet<i32>,
     killed: Vec<i32>,
+    /// Plain memory per process, as successive reads see it (the last one stays).
+    anon: BTreeMap<i32, Vec<Vec<Range<u64>>>>,
 }
 
 impl Procs for Tree {
@@ -285,6 +288,14 @@ impl Procs for Tree {
         nccl::check(ranks, |p| {
             t.nccl_config.get(&p).cloned().unwrap_or_default()
         })
+    }
+    fn anon_writable(&self, pid: i32) -> Vec<Range<u64>> {
+        let mut t = self.0.lock().unwrap();
+        match t.anon.get_mut(&pid) {
+            Some(reads) if reads.len() > 1 => reads.remove(0),
+            Some(reads) => reads.first().cloned().unwrap_or_default(),
+            None => Vec::new(),
+        }
     }
     fn io_uring(&self, pid: i32) -> Option<cuda_checkpoint_ctl::process::IoUring> {
         self.0

@@ -16,6 +16,19 @@ fn dumped(procs: &[(i32, ProcessState)]) -> std::path::PathBuf {
     w.host.image_dir.clone().unwrap()
 }
 
+/// A dump of process 10 whose checkpoint put its device memory at 0x8000..0x9000.
+fn dumped_with_staging() -> std::path::PathBuf {
+    let w = World::new(&[(10, R)], &[]);
+    w.tree.0.lock().unwrap().anon.insert(
+        10,
+        vec![vec![0x1000..0x2000], vec![0x1000..0x2000, 0x8000..0x9000]],
+    );
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    c.exit(&w.host, Stage::Dump, true);
+    w.host.image_dir.clone().unwrap()
+}
+
 fn ours() -> Claims {
     Claims {
         ours: true,
@@ -201,4 +214,42 @@ fn a_restored_container_without_the_gpus_device_node_is_refused_and_killed() {
         !w.gpu.m().calls.iter().any(|c| c.starts_with("Restore")),
         "nothing asked of the driver"
     );
+}
+
+#[test]
+fn the_device_memory_arrives_while_the_driver_restores() {
+    let w = restore_world(dumped_with_staging(), &[(500, C)]);
+    w.tree.0.lock().unwrap().ns = [(500, 10)].into_iter().collect();
+    let mut c = w.backend();
+    c.init(&w.host, Stage::Restore, &ours()).unwrap();
+    let asked = w.host.deferred.as_ref().unwrap().lock().unwrap().clone();
+    assert_eq!(asked, [(10, 0x8000..0x9000)], "by its pid in the image");
+    assert_eq!(c.resume_devices_late(&w.host, 500), Ok(Verdict::Done(())));
+    assert_eq!(w.gpu.state(500), R);
+}
+
+#[test]
+fn overlap_off_or_a_criu_that_cannot_restores_every_page_first() {
+    let off = restore_world(dumped_with_staging(), &[(10, C)]).set("CRIU_GPU_OVERLAP", "0");
+    let mut c = off.backend();
+    c.init(&off.host, Stage::Restore, &ours()).unwrap();
+    assert!(off
+        .host
+        .deferred
+        .as_ref()
+        .unwrap()
+        .lock()
+        .unwrap()
+        .is_empty());
+    assert_eq!(c.resume_devices_late(&off.host, 10), Ok(Verdict::Done(())));
+
+    let mut stock = restore_world(dumped_with_staging(), &[(10, C)]);
+    stock.host.deferred = None;
+    let mut c = stock.backend();
+    c.init(&stock.host, Stage::Restore, &ours()).unwrap();
+    assert_eq!(
+        c.resume_devices_late(&stock.host, 10),
+        Ok(Verdict::Done(()))
+    );
+    assert_eq!(stock.gpu.state(10), R);
 }
