@@ -4,11 +4,13 @@
 #   cplug       upstream: stock CRIU 4.2.1 with CRIU's C cuda_plugin, cuda-checkpoint-ctl as its
 #               cuda-checkpoint
 #   stock       stock CRIU 4.2.1 with the project's plugin
+#   ours-seq    ours with CRIU_GPU_OVERLAP=0 (every page in place before the driver's restore
+#               starts, as before patch 0007)
 #   ours-nothp  ours with CRIU_GPU_THP=off (the driver's checkpoint fills 4 KiB pages)
 #   ours-thp    ours with the node's transparent huge pages at always for the whole dump and
 #               restore (what huge pages do to CRIU's own page dump and restore)
-# Cases: one process of each size in --sizes (GiB), and a tree of --tree "N G": N processes of G
-# GiB each, spread over the GPUs (--tree "": none). In each round every stack dumps and restores the same applications once
+# Cases: one process of each size in --sizes (GiB; --sizes "": none), and a tree of --tree "N G":
+# N processes of G GiB each, spread over the GPUs (--tree "": none). In each round every stack dumps and restores the same applications once
 # (the stack that starts a round rotates); after every restore each application checks its data
 # bit for bit. Prints each run with its phases (driver: the plugins' own times; CRIU pages: CRIU's
 # stats and log), then per case the medians, GB/s and the ratios to cplug and stock of this run,
@@ -31,7 +33,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 sim=0
-SIZES=
+unset SIZES
 unset TREE
 ROUNDS=3
 STACKS="ours cplug"
@@ -49,11 +51,11 @@ while [ $# -gt 0 ]; do
 	shift
 done
 if [ $sim = 1 ]; then
-	SIZES=${SIZES:-0.25 0.5}
+	SIZES=${SIZES-0.25 0.5}
 	TREE=${TREE-2 0.125}
 	CEIL_GIB=0.5
 else
-	SIZES=${SIZES:-8 32}
+	SIZES=${SIZES-8 32}
 	TREE=${TREE-4 4}
 	CEIL_GIB=4
 fi
@@ -182,6 +184,10 @@ driver_restore() {
 pages_dump() { # CRIU's own stats: the time it spent dumping memory (all processes)
 	sed -n 's/^Memory dump time: \([0-9]*\) us/\1/p' "$1/stats.out" | awk '{ printf "%.2f", $1 / 1e6 }'
 }
+overlapped() { # the deferred pages (patch 0007): "GiB in T s, hooks at H s into it", or -
+	sed -nE 's/.*deferred-pages: ([0-9.]+) GiB of .* in place ([0-9.]+) s after .* the late hooks started ([0-9.-]+) s into.*/\1 GiB in \2 s, driver from \3 s/p' \
+		"$1/restore.log" | tail -1
+}
 pages_restore() { # the patched CRIU's summary lines, else the span of the restorer's reads
 	if grep -q 'pages: pid [0-9]*: read' "$1/restore.log"; then
 		sed -nE 's/.*pages: pid [0-9]+: read .* in ([0-9.]+) s.*/\1/p' "$1/restore.log" |
@@ -200,6 +206,7 @@ run() {
 	case $stack in
 	stock) criu=$CRIU_STOCK ;;
 	cplug) criu=$CRIU_STOCK lib=$UPSTREAM_PLUGINS env=(PATH="$WORK/bin:$PATH" "${CPLUG_ENV[@]}") ;;
+	ours-seq) env=(CRIU_GPU_OVERLAP=0) ;;
 	ours-nothp) env=(CRIU_GPU_THP=off) ;;
 	ours-thp) thp=always ;;
 	esac
@@ -241,8 +248,10 @@ run() {
 	local dd dp rd rp
 	dd=$(driver_dump "$stack" "$dir") dp=$(pages_dump "$dir")
 	rd=$(driver_restore "$stack" "$dir") rp=$(pages_restore "$dir")
-	printf '  %-6s dump %6.2f s (driver %5s, pages %5s)  restore %6.2f s (driver %5s, pages %5s)\n' \
-		"$stack" "$dump_s" "${dd:-?}" "${dp:-?}" "$restore_s" "${rd:-?}" "${rp:-?}"
+	local ov
+	ov=$(overlapped "$dir")
+	printf '  %-10s dump %6.2f s (driver %5s, pages %5s)  restore %6.2f s (driver %5s, pages %5s%s)\n' \
+		"$stack" "$dump_s" "${dd:-?}" "${dp:-?}" "$restore_s" "${rd:-?}" "${rp:-?}" "${ov:+; during the driver: $ov}"
 	echo "$case $stack $dump_s $restore_s ${dd:-0} ${dp:-0} ${rd:-0} ${rp:-0}" >>"$WORK/results"
 }
 

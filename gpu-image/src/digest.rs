@@ -4,6 +4,9 @@
 //!
 //! xxh3-128 over fixed chunks, several threads at once: a file's digest is the hash of its size
 //! and of its chunks' hashes, so a large pages image is hashed in parallel.
+//!
+//! A restore checks every file's size and the small files first; the contents of large pages
+//! images ([`LATER`]) can be checked while the restore reads them ([`split`]).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -16,6 +19,8 @@ use xxhash_rust::xxh3::Xxh3;
 
 /// Files are hashed in chunks of this size, each chunk by one thread.
 pub const CHUNK: u64 = 64 << 20;
+/// Pages images this large may be checked while the restore reads them.
+pub const LATER: u64 = 256 << 20;
 const BUF: usize = 4 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,13 +71,22 @@ pub fn image_files(dir: &Path) -> std::io::Result<Vec<String>> {
     Ok(names)
 }
 
-fn threads_for(chunks: usize) -> usize {
+fn threads_for(chunks: usize, most: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-    cores.clamp(1, 16).min(chunks.max(1))
+    cores.clamp(1, most).min(chunks.max(1))
 }
 
-/// Digests of `names` in `dir`.
+/// Digests of `names` in `dir`, with one thread per CPU (at most 16).
 pub fn digest(dir: &Path, names: &[String]) -> Result<Vec<FileDigest>, DigestError> {
+    digest_with(dir, names, 16)
+}
+
+/// Digests of `names` in `dir`, with at most `threads` threads.
+pub fn digest_with(
+    dir: &Path,
+    names: &[String],
+    threads: usize,
+) -> Result<Vec<FileDigest>, DigestError> {
     let io = |name: &str| {
         let name = name.to_owned();
         move |source| DigestError::Io { name, source }
@@ -91,7 +105,7 @@ pub fn digest(dir: &Path, names: &[String]) -> Result<Vec<FileDigest>, DigestErr
     let next = AtomicUsize::new(0);
     let failure: Mutex<Option<DigestError>> = Mutex::new(None);
     std::thread::scope(|s| {
-        for _ in 0..threads_for(chunks.len()) {
+        for _ in 0..threads_for(chunks.len(), threads) {
             s.spawn(|| {
                 let mut buf = vec![0u8; BUF];
                 loop {
@@ -158,6 +172,21 @@ fn hash_range(path: &Path, offset: u64, len: u64, buf: &mut [u8]) -> std::io::Re
 /// Checks `dir` against the digests the dump recorded: sizes first (cheap, and what a
 /// truncated copy shows), then contents.
 pub fn verify(dir: &Path, expected: &[FileDigest]) -> Result<(), DigestError> {
+    verify_sizes(dir, expected)?;
+    verify_contents(dir, expected, 16)
+}
+
+/// The digests whose contents are checked now, and the large pages images that may be checked
+/// while the restore reads them.
+pub fn split(expected: &[FileDigest]) -> (Vec<FileDigest>, Vec<FileDigest>) {
+    expected
+        .iter()
+        .cloned()
+        .partition(|d| !(d.name.starts_with("pages-") && d.size >= LATER))
+}
+
+/// Every file is there, with the size the dump wrote.
+pub fn verify_sizes(dir: &Path, expected: &[FileDigest]) -> Result<(), DigestError> {
     for d in expected {
         match std::fs::metadata(dir.join(&d.name)) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -181,8 +210,17 @@ pub fn verify(dir: &Path, expected: &[FileDigest]) -> Result<(), DigestError> {
             Ok(_) => {}
         }
     }
+    Ok(())
+}
+
+/// Every file holds what the dump wrote (hashed with at most `threads` threads).
+pub fn verify_contents(
+    dir: &Path,
+    expected: &[FileDigest],
+    threads: usize,
+) -> Result<(), DigestError> {
     let names: Vec<String> = expected.iter().map(|d| d.name.clone()).collect();
-    for (got, want) in digest(dir, &names)?.iter().zip(expected) {
+    for (got, want) in digest_with(dir, &names, threads)?.iter().zip(expected) {
         if got.xxh3 != want.xxh3 {
             return Err(DigestError::Damaged {
                 name: want.name.clone(),
@@ -214,6 +252,25 @@ mod tests {
         assert_eq!(a[1].size, 3 << 20);
         verify(d.path(), &a).unwrap();
         assert_eq!(digest(d.path(), &names).unwrap(), a, "deterministic");
+    }
+
+    #[test]
+    fn large_pages_images_may_be_checked_later() {
+        let d = |name: &str, size| FileDigest {
+            name: name.into(),
+            size,
+            xxh3: String::new(),
+        };
+        let all = [
+            d("core-1.img", 100),
+            d("pages-1.img", LATER),
+            d("pages-2.img", 4096),
+            d("mm-1.img", LATER),
+        ];
+        let (now, later) = split(&all);
+        let names = |v: &[FileDigest]| v.iter().map(|f| f.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&now), ["core-1.img", "pages-2.img", "mm-1.img"]);
+        assert_eq!(names(&later), ["pages-1.img"]);
     }
 
     #[test]

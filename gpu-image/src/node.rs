@@ -63,7 +63,9 @@ pub fn check(dir: &Path, complete: bool) -> Result<NodeCheck, NodeCheckError> {
     if let Some(holds) = restorable::holds(dir, listed)? {
         let placement = restorable::placement(&settings)?;
         if let (CudaHolds::Record(img), true) = (&holds, complete) {
-            restorable::verify_digests(img, dir, &settings)?;
+            if let Some(checked) = restorable::verify_digests(img, dir, &settings)? {
+                restorable::verify_later(dir, &checked.later, 16)?;
+            }
         }
         let driver = Driver::load(None).map_err(|e| e.to_string());
         let inventory = Inventory::query(None).map_err(|e| e.to_string());

@@ -9,7 +9,7 @@ use cuda_checkpoint_ctl::driver::DriverInfo;
 use cuda_checkpoint_ctl::inventory::Inventory;
 
 use crate::cuda::{self, CudaImage};
-use crate::digest::DigestError;
+use crate::digest::{self, DigestError, FileDigest};
 use crate::placement::{plan, GpuPlacement, Plan};
 use crate::record::{self, RecordError};
 use crate::settings::{Settings, SettingsError};
@@ -107,13 +107,24 @@ pub fn placement(settings: &Settings) -> Result<GpuPlacement, CudaCheckError> {
         .unwrap_or_default())
 }
 
-/// Checks the image files against the digests the dump recorded, unless CRIU_GPU_DIGESTS=0.
-/// `Ok(None)`: not checked (switched off, or the dump could not take digests: a warning says so).
+/// What `verify_digests` checked, and what it left for later.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checked {
+    /// Bytes whose contents were hashed.
+    pub bytes: u64,
+    /// Large pages images whose sizes are right and whose contents are to be checked while the
+    /// restore reads them ([`digest::split`]).
+    pub later: Vec<FileDigest>,
+}
+
+/// Checks the image files against the digests the dump recorded (unless `CRIU_GPU_DIGESTS=0`):
+/// every file's size, and the contents of all but the large pages images. `None` when nothing
+/// was checked.
 pub fn verify_digests(
     img: &CudaImage,
     dir: &Path,
     settings: &Settings,
-) -> Result<Option<u64>, CudaCheckError> {
+) -> Result<Option<Checked>, CudaCheckError> {
     if settings.flag("CRIU_GPU_DIGESTS")? == Some(false) {
         return Ok(None);
     }
@@ -124,8 +135,22 @@ pub fn verify_digests(
         );
         return Ok(None);
     }
-    crate::digest::verify(dir, &img.digests)?;
-    Ok(Some(img.digests.iter().map(|d| d.size).sum()))
+    digest::verify_sizes(dir, &img.digests)?;
+    let (now, later) = digest::split(&img.digests);
+    digest::verify_contents(dir, &now, 16)?;
+    Ok(Some(Checked {
+        bytes: now.iter().map(|d| d.size).sum(),
+        later,
+    }))
+}
+
+/// The contents of the files `verify_digests` left for later, hashed with at most `threads`.
+pub fn verify_later(
+    dir: &Path,
+    later: &[FileDigest],
+    threads: usize,
+) -> Result<(), CudaCheckError> {
+    Ok(digest::verify_contents(dir, later, threads)?)
 }
 
 /// What a node answered about its NVIDIA GPUs.

@@ -5,6 +5,8 @@
 #   lib/     the shared libraries CRIU needs that Ubuntu 24.04 lacks
 #   plugins/ criu_gpu_plugin.so
 #   upstream-plugins/ CRIU's own cuda_plugin.so (scripts/install-criu.sh builds it)
+#   bin/lz4  when lz4 is installed here (scripts/gpu/compress-pages.sh; Debian's is static but
+#            for libc)
 # Then on that machine: export PATH=$PWD/.carry/bin:$PATH.
 # Environment: PREFIX (/usr/local), where install-criu.sh installed CRIU.
 set -euo pipefail
@@ -27,6 +29,7 @@ cp "$PREFIX/sbin/criu" "$out/bin/criu.real"
 cp "$PREFIX/lib/criu-gpu/stock/criu" "$out/bin/criu-stock.real"
 strip "$out/bin/cuda-checkpoint-ctl" "$out/bin/criu-gpu" "$out/bin/digest" "$out/plugins/criu_gpu_plugin.so" "$out/bin/criu.real" \
 	"$out/bin/criu-stock.real"
+if command -v lz4 >/dev/null; then cp "$(command -v lz4)" "$out/bin/"; fi
 for l in libnftables.so.1 libprotobuf-c.so.1 libnet.so.1 libnftnl.so.11 libxtables.so.12 libjansson.so.4 libmnl.so.0; do
 	cp -L "/lib/x86_64-linux-gnu/$l" "$out/lib/"
 done

@@ -139,6 +139,8 @@ static void put(uint64_t addr, uint64_t len)
 				done += c.copy;
 			continue;
 		}
+		if (errno == ENOENT) /* gone: the driver's restore unmaps its staging when done */
+			return;
 		fprintf(stderr, "UFFDIO_COPY %lx: %s\n", addr + done, strerror(errno));
 		exit(4);
 	}
@@ -413,7 +415,7 @@ static void smaps_of(int pid, struct range *r, int n)
 	char p[64], l[512];
 	snprintf(p, sizeof(p), "/proc/%d/smaps", pid);
 	FILE *f = fopen(p, "r");
-	unsigned long s = 0, e = 0, rss = 0, thp = 0;
+	unsigned long rss = 0, thp = 0;
 	int in = 0;
 	while (f && fgets(l, sizeof(l), f)) {
 		unsigned long a, b, kb;
@@ -422,8 +424,6 @@ static void smaps_of(int pid, struct range *r, int n)
 			for (int i = 0; i < n; i++)
 				if (a < r[i].end && b > r[i].start)
 					in = 1;
-			s = a;
-			e = b;
 			continue;
 		}
 		if (in && sscanf(l, "Rss: %lu kB", &kb) == 1)
@@ -431,8 +431,6 @@ static void smaps_of(int pid, struct range *r, int n)
 		if (in && sscanf(l, "AnonHugePages: %lu kB", &kb) == 1)
 			thp += kb;
 	}
-	(void)s;
-	(void)e;
 	if (f)
 		fclose(f);
 	printf("  staging VMAs: rss %.2f GiB, anon huge pages %.2f GiB\n", rss / 1048576.0, thp / 1048576.0);

@@ -3,6 +3,7 @@
 # the process, and whether its restore can overlap the arrival of that memory (userfaultfd).
 #   scripts/gpu/staging-probe.sh [OUT_DIR]
 # Each case is bounded; the log goes to OUT_DIR/staging-probe.log (default: stdout only).
+# CASES: "GIB:MODE..." cases, separated by ";" (default: 8 GiB of every mode, 32 GiB of three).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-}
@@ -15,7 +16,8 @@ log() { if [ -n "$out" ]; then tee -a "$out/staging-probe.log"; else cat; fi; }
 	echo "unprivileged_userfaultfd: $(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null)"
 } 2>&1 | log
 nvcc -O2 -o /tmp/staging-probe "$here/staging-probe.cu" -lcuda -lpthread 2>&1 | log
-for c in "8:plain uffd demand seq uffd plain seq" "32:plain seq uffd"; do
+IFS=';' read -r -a cases <<<"${CASES:-8:plain uffd demand seq uffd plain seq;32:plain seq uffd}"
+for c in "${cases[@]}"; do
 	gib=${c%%:*}
 	echo "== $gib GiB: ${c#*:}" | log
 	# shellcheck disable=SC2086 # the modes are words

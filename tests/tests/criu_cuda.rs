@@ -114,7 +114,7 @@ fn one_process_is_dumped_and_restored_with_its_device_memory() {
     );
     let criu_log = criu::log(&images, "restore.log");
     assert!(
-        criu_log.contains("deferred-pages: 0.03 GiB in place"),
+        criu_log.contains("deferred-pages: 0.03 GiB of 1 task(s) in place"),
         "{criu_log}"
     );
 }

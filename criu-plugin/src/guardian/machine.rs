@@ -3,7 +3,7 @@
 //! alone (syslog and `gpu-guardian.log` in the image directory).
 
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -95,6 +95,11 @@ impl Machine for Real {
 
     fn thp(&self) -> Option<criu_gpu_image::thp::Thp> {
         Some(criu_gpu_image::thp::Thp::default())
+    }
+
+    fn image_dir(&self) -> Option<std::path::PathBuf> {
+        let fd = self.image_dir.as_ref()?.as_raw_fd();
+        Some(format!("/proc/self/fd/{fd}").into())
     }
 
     fn record(&self, level: Level, line: &str) {

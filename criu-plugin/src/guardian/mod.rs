@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
+use criu_gpu_image::digest::FileDigest;
 use criu_gpu_image::thp::{Raised, Want};
 use cuda_checkpoint_ctl::driver::DriverInfo;
 use cuda_checkpoint_ctl::inventory::Inventory;
@@ -53,6 +54,7 @@ pub struct Guardian {
     replies: BTreeMap<u64, Result<Answer, DriverFailure>>,
     inventories: BTreeMap<u64, Result<Inventory, String>>,
     thp: BTreeMap<u64, Result<Raised, String>>,
+    verified: BTreeMap<u64, Result<(), String>>,
     settled: Option<Vec<Outcome>>,
     buf: Vec<u8>,
 }
@@ -84,6 +86,7 @@ impl Guardian {
             replies: BTreeMap::new(),
             inventories: BTreeMap::new(),
             thp: BTreeMap::new(),
+            verified: BTreeMap::new(),
             settled: None,
             buf: vec![0u8; proto::MAX_MESSAGE],
         }
@@ -158,6 +161,18 @@ impl Guardian {
         self.thp.remove(&seq)
     }
 
+    /// Has the guardian check image files against their digests while CRIU goes on.
+    pub fn verify(&mut self, files: Vec<FileDigest>) -> Result<u64, GuardianError> {
+        let seq = self.next;
+        self.next += 1;
+        self.order(&Order::Verify { seq, files })?;
+        Ok(seq)
+    }
+
+    pub fn take_verified(&mut self, seq: u64) -> Option<Result<(), String>> {
+        self.verified.remove(&seq)
+    }
+
     pub fn has_settled(&self) -> bool {
         self.settled.is_some()
     }
@@ -170,6 +185,7 @@ impl Guardian {
         self.replies.contains_key(&seq)
             || self.inventories.contains_key(&seq)
             || self.thp.contains_key(&seq)
+            || self.verified.contains_key(&seq)
     }
 
     /// Takes reports until `ready` holds or `deadline` passes (then `Ok(false)`); `tick` runs
@@ -231,6 +247,9 @@ impl Guardian {
             Report::Hello { driver } => self.driver = Some(driver.clone()),
             Report::Thp { seq, result } => {
                 self.thp.insert(*seq, result.clone());
+            }
+            Report::Verified { seq, result } => {
+                self.verified.insert(*seq, result.clone());
             }
         }
         Ok(Some(report))

@@ -3,6 +3,7 @@
 
 use std::os::fd::AsFd;
 
+use criu_gpu_image::digest::FileDigest;
 use criu_gpu_image::thp::{Raised, Want};
 use cuda_checkpoint_ctl::driver::{code, DriverInfo, GpuUuid, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
@@ -63,6 +64,12 @@ pub enum Order {
         want: Want,
     },
     LowerThp,
+    /// Check the contents of these image files against their digests (large pages images,
+    /// while the restore reads them); answered by `Verified`.
+    Verify {
+        seq: u64,
+        files: Vec<FileDigest>,
+    },
     /// The plugin's `exit` is done: the guardian ends once nothing is left for it to watch.
     Bye,
 }
@@ -106,6 +113,10 @@ pub enum Report {
     Thp {
         seq: u64,
         result: Result<Raised, String>,
+    },
+    Verified {
+        seq: u64,
+        result: Result<(), String>,
     },
 }
 

@@ -114,7 +114,7 @@ round deferred
 check "deferred: the restore left all 512 MiB out of its reads" \
 	grep -q 'nr_deferred: *131072 (0.50 GiB arrive after the restorer)' "$img/deferred/restore.log"
 check "deferred: criu put them in place while the restore went on" \
-	grep -qE 'deferred-pages: 0\.50 GiB in place .* s after the fill started' "$img/deferred/restore.log"
+	grep -qE 'deferred-pages: 0\.50 GiB of 1 task\(s\) in place .* s after the fill started' "$img/deferred/restore.log"
 check "deferred: the late reader read all of them, and saw the application's data" \
 	grep -q "^late pid=$app bytes=$bytes sum=$sum\$" "$work/deferred.late"
 check "deferred: the application's mappings are those it had before the dump" \

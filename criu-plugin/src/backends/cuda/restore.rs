@@ -37,6 +37,13 @@ struct Ready {
     holds: Holds,
     plan: Plan,
     guardian: Guardian,
+    /// Large pages images the guardian checks against their digests while CRIU restores.
+    later: Option<Later>,
+}
+
+struct Later {
+    seq: u64,
+    bytes: u64,
 }
 
 pub struct Restore {
@@ -76,17 +83,25 @@ impl Restore {
         let placement = restorable::placement(&r.settings).map_err(check)?;
         // Forked before any thread of the plugin's runs in CRIU (the digests are hashed on some).
         let mut g = spawn(Watch::Restore)?;
+        let mut later = None;
         if let Holds::Record(img) = &holds {
             let start = Instant::now();
-            if let Some(bytes) =
+            if let Some(checked) =
                 restorable::verify_digests(img, &dir, &r.settings).map_err(check)?
             {
+                let bytes: u64 = checked.later.iter().map(|d| d.size).sum();
                 tracing::info!(
-                    "image files checked against their digests: {} files, {:.2} GiB, in {:.2} s",
-                    img.digests.len(),
-                    gib(bytes),
-                    start.elapsed().as_secs_f64()
+                    "image files checked against their digests: {} files, {:.2} GiB, in {:.2} s; \
+                     {:.2} GiB of pages images are checked while CRIU restores",
+                    img.digests.len() - checked.later.len(),
+                    gib(checked.bytes),
+                    start.elapsed().as_secs_f64(),
+                    gib(bytes)
                 );
+                if !checked.later.is_empty() {
+                    let seq = g.verify(checked.later)?;
+                    later = Some(Later { seq, bytes });
+                }
             }
         }
         let driver = g.driver()?.cloned().map_err(str::to_owned);
@@ -123,6 +138,7 @@ impl Restore {
             holds,
             plan: checked.plan,
             guardian: g,
+            later,
         }));
         Ok(r)
     }
@@ -135,9 +151,16 @@ impl Restore {
                     holds,
                     plan,
                     mut guardian,
+                    later,
                 } = *ready;
                 // The first call is for the root of the restored tree: all of it now.
-                let results = self.restore_tree(host, pid, &holds, &plan, &mut guardian);
+                let mut results = self.restore_tree(host, pid, &holds, &plan, &mut guardian);
+                if let (Some(later), true) = (later, results.values().all(|r| r.is_ok())) {
+                    if let Err(e) = checked_later(&mut guardian, &later) {
+                        tracing::error!("{e}");
+                        results.insert(pid, Err(e));
+                    }
+                }
                 if results.values().any(|r| r.is_err()) {
                     let tree = self.procs.tree(pid);
                     tracing::error!(
@@ -441,4 +464,36 @@ fn overlap(host: &dyn Host, settings: &Settings, img: &CudaImage) -> Result<(), 
         gib(bytes)
     );
     Ok(())
+}
+
+/// The guardian's answer about the pages images it checked while CRIU restored: before the
+/// restored tree runs, a damaged one fails the restore (the tree is killed; the images are
+/// unchanged). The driver read them meanwhile, as it reads any memory of the process.
+fn checked_later(g: &mut Guardian, later: &Later) -> Result<(), String> {
+    let limit = Duration::from_secs(120) + Duration::from_secs(2 * later.bytes.div_ceil(1 << 30));
+    let start = Instant::now();
+    match g.wait_all(&[later.seq], start + limit, &mut || {}) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(format!(
+                "the pages images ({:.2} GiB) were not checked against their digests within \
+                 {limit:?}",
+                gib(later.bytes)
+            ))
+        }
+        Err(e) => return Err(e.to_string()),
+    }
+    match g.take_verified(later.seq) {
+        Some(Ok(())) => {
+            tracing::info!(
+                "pages images checked against their digests while CRIU restored ({:.2} GiB; \
+                 waited {:.2} s for the check)",
+                gib(later.bytes),
+                start.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Some(Err(e)) => Err(e),
+        None => Err("the guardian did not answer about the pages images".into()),
+    }
 }

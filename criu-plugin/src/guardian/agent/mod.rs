@@ -12,11 +12,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use criu_gpu_image::restorable;
 use criu_gpu_image::thp::{Raised, Thp};
 use cuda_checkpoint_ctl::driver::{CudaError, DeviceMap, DriverInfo, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
@@ -27,6 +29,9 @@ mod worker;
 
 use self::worker::{no_driver, Job, Tracked, Worker};
 use super::proto::{self, Act, Level, Op, Order, Outcome, Report, Watch};
+
+/// Threads hashing image files during a restore.
+const VERIFY_THREADS: usize = 4;
 
 /// The driver as the guardian uses it.
 pub trait GpuDriver: Send + Sync {
@@ -55,6 +60,10 @@ pub trait Machine: Send + Sync + 'static {
     fn record(&self, level: Level, line: &str);
     /// The node's huge page policy, if the guardian may change it.
     fn thp(&self) -> Option<Thp> {
+        None
+    }
+    /// The image directory, for checking image files.
+    fn image_dir(&self) -> Option<PathBuf> {
         None
     }
 }
@@ -415,6 +424,19 @@ impl Agent {
                 self.out.report(&Report::Thp { seq, result });
             }
             Order::LowerThp => self.thp = None,
+            Order::Verify { seq, files } => {
+                let dir = self.machine.image_dir();
+                let out = self.out.clone();
+                std::thread::spawn(move || {
+                    let result = match dir {
+                        None => Err("the guardian has no image directory".to_owned()),
+                        // A few threads: the restore reads the same files meanwhile.
+                        Some(d) => restorable::verify_later(&d, &files, VERIFY_THREADS)
+                            .map_err(|e| e.to_string()),
+                    };
+                    out.report(&Report::Verified { seq, result });
+                });
+            }
             Order::Bye => self.bye = true,
         }
     }
