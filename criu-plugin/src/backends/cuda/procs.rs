@@ -28,8 +28,8 @@ pub trait Procs: Send {
     fn nccl_unrestorable(&self, ranks: &[i32]) -> Vec<nccl::Unrestorable>;
     /// The process's io_uring instances, which CRIU cannot dump.
     fn io_uring(&self, pid: i32) -> Option<IoUring>;
-    /// Its unnamed private writable mappings (`process::maps`; empty if unreadable).
-    fn anon_writable(&self, pid: i32) -> Vec<Range<u64>>;
+    /// Its unnamed private writable mappings (`process::maps`).
+    fn anon_writable(&self, pid: i32) -> std::io::Result<Vec<Range<u64>>>;
 }
 
 /// This machine.
@@ -81,8 +81,8 @@ impl Procs for Real {
     fn io_uring(&self, pid: i32) -> Option<IoUring> {
         process::io_uring(pid).ok().flatten()
     }
-    fn anon_writable(&self, pid: i32) -> Vec<Range<u64>> {
-        process::maps::anon_writable(pid).unwrap_or_default()
+    fn anon_writable(&self, pid: i32) -> std::io::Result<Vec<Range<u64>>> {
+        process::maps::anon_writable(pid)
     }
     fn kill(&self, pid: i32) {
         let _ = nix::sys::signal::kill(

@@ -99,9 +99,9 @@ impl Dump {
             .unwrap_or_default();
         raise_thp(g, thp)?;
         // What plain memory each process has now: the checkpoint adds its staging to it.
-        let before: Vec<Vec<Range<u64>>> = todo
+        let before: Vec<Option<Vec<Range<u64>>>> = todo
             .iter()
-            .map(|p| procs.anon_writable(p.who.pid))
+            .map(|p| procs.anon_writable(p.who.pid).ok())
             .collect();
         let start = Instant::now();
         let threads: Vec<(i32, i32)> = todo.iter().map(|p| (p.who.pid, p.tid)).collect();
@@ -154,14 +154,17 @@ impl Dump {
             .iter()
             .zip(&before)
             .map(|(p, before)| {
-                let after = procs.anon_writable(p.who.pid);
-                let spans = maps::added(before, &after)
-                    .into_iter()
-                    .map(|r| Span {
-                        start: r.start,
-                        end: r.end,
-                    })
-                    .collect();
+                // Unknown on either side: none (a restore then reads all pages first).
+                let spans = match (before, procs.anon_writable(p.who.pid)) {
+                    (Some(before), Ok(after)) => maps::added(before, &after)
+                        .into_iter()
+                        .map(|r| Span {
+                            start: r.start,
+                            end: r.end,
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
                 (p.who.pid, spans)
             })
             .collect();

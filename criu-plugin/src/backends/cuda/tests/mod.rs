@@ -289,13 +289,13 @@ impl Procs for Tree {
             t.nccl_config.get(&p).cloned().unwrap_or_default()
         })
     }
-    fn anon_writable(&self, pid: i32) -> Vec<Range<u64>> {
+    fn anon_writable(&self, pid: i32) -> std::io::Result<Vec<Range<u64>>> {
         let mut t = self.0.lock().unwrap();
-        match t.anon.get_mut(&pid) {
+        Ok(match t.anon.get_mut(&pid) {
             Some(reads) if reads.len() > 1 => reads.remove(0),
             Some(reads) => reads.first().cloned().unwrap_or_default(),
             None => Vec::new(),
-        }
+        })
     }
     fn io_uring(&self, pid: i32) -> Option<cuda_checkpoint_ctl::process::IoUring> {
         self.0
