@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use criu_gpu_image::thp::{Thp, Want};
 use gpu_ckpt_tests::criu::{self, assert_ok, plugin_lines, Criu};
 use gpu_ckpt_tests::*;
 
@@ -163,27 +164,22 @@ fn a_damaged_large_pages_image_is_found_while_restoring_and_the_tree_never_runs(
     );
 }
 
-/// The node's transparent huge page policy at `always` until dropped (then back as it was).
-struct ThpAlways(String);
+/// The node's transparent huge page policy at `always` until dropped, held the way the plugin's
+/// guardians hold it (`criu_gpu_image::thp`), so that dumps of other tests share it: the last
+/// holder out puts the node's policy back.
+struct ThpAlways(Thp);
 
 impl ThpAlways {
-    const KNOB: &'static str = "/sys/kernel/mm/transparent_hugepage/enabled";
-
     fn set() -> ThpAlways {
-        let text = std::fs::read_to_string(Self::KNOB).unwrap();
-        let was = text
-            .split(['[', ']'])
-            .nth(1)
-            .unwrap_or("madvise")
-            .to_owned();
-        std::fs::write(Self::KNOB, "always").unwrap();
-        ThpAlways(was)
+        let thp = Thp::default();
+        thp.raise(Want::Always, std::process::id() as i32).unwrap();
+        ThpAlways(thp)
     }
 }
 
 impl Drop for ThpAlways {
     fn drop(&mut self) {
-        let _ = std::fs::write(Self::KNOB, &self.0);
+        let _ = self.0.lower(std::process::id() as i32);
     }
 }
 

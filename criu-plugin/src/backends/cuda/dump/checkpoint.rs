@@ -1,6 +1,7 @@
 //! The first CHECKPOINT_DEVICES: every CUDA process of the tree checkpointed at once, after
 //! checking that each is seized by CRIU and was not stopped since its lock.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -99,9 +100,9 @@ impl Dump {
             .unwrap_or_default();
         raise_thp(g, thp)?;
         // What plain memory each process has now: the checkpoint adds its staging to it.
-        let before: Vec<Option<Vec<Range<u64>>>> = todo
+        let before: BTreeMap<i32, std::io::Result<Vec<Range<u64>>>> = todo
             .iter()
-            .map(|p| procs.anon_writable(p.who.pid).ok())
+            .map(|p| (p.who.pid, procs.anon_writable(p.who.pid)))
             .collect();
         let start = Instant::now();
         let threads: Vec<(i32, i32)> = todo.iter().map(|p| (p.who.pid, p.tid)).collect();
@@ -150,28 +151,19 @@ impl Dump {
             return Err(HookError::gpu(DumpError::Checkpoints { failures }));
         }
         let secs = start.elapsed().as_secs_f64();
-        let staged: Vec<(i32, Vec<Span>)> = todo
-            .iter()
-            .zip(&before)
-            .map(|(p, before)| {
-                // Unknown on either side: none (a restore then reads all pages first).
-                let spans = match (before, procs.anon_writable(p.who.pid)) {
-                    (Some(before), Ok(after)) => maps::added(before, &after)
-                        .into_iter()
-                        .map(|r| Span {
-                            start: r.start,
-                            end: r.end,
-                        })
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                (p.who.pid, spans)
-            })
-            .collect();
         let count = todo.len();
-        for (pid, spans) in staged {
-            if let Some(p) = tree.cuda.iter_mut().find(|p| p.who.pid == pid) {
-                p.staging = spans;
+        for p in &mut tree.cuda {
+            // Unknown on either side: none (a restore then reads all pages first).
+            if let (Some(Ok(before)), Ok(after)) =
+                (before.get(&p.who.pid), procs.anon_writable(p.who.pid))
+            {
+                p.staging = maps::added(before, &after)
+                    .into_iter()
+                    .map(|r| Span {
+                        start: r.start,
+                        end: r.end,
+                    })
+                    .collect();
             }
         }
         tracing::info!(
