@@ -67,6 +67,14 @@ struct Args {
     /// The job's shared file, in MiB.
     #[arg(long, default_value_t = 4)]
     shm_mib: usize,
+    /// Each step of a job also launches a collective of all ranks that computes this long on
+    /// the GPU before it waits for the others (0: none).
+    #[arg(long, default_value_t = 0)]
+    collective_ms: u32,
+    /// A rank waits before each step while the file PATH.rankN exists (a slow host-side step:
+    /// its peers' collectives wait for it meanwhile).
+    #[arg(long)]
+    hold: Option<String>,
 }
 
 fn log_line(path: &str, line: &str) {
@@ -130,6 +138,12 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
     let mut step = 0u64;
     loop {
         step += 1;
+        if let (Some(hold), Some(r)) = (&args.hold, &rank) {
+            let file = format!("{hold}.rank{}", r.rank);
+            while std::path::Path::new(&file).exists() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         let r = (step as usize) % regions;
         let (lo, hi) = (r * region, ((r + 1) * region).min(words));
         let value = xorshift(&mut rng);
@@ -137,6 +151,9 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
         expect[lo..hi].fill(value);
         if args.busy_ms > 0 {
             cuda.busy(args.busy_ms)?;
+        }
+        if let (Some(r), true) = (&rank, args.collective_ms > 0) {
+            cuda.collective(r.group, step, r.ranks as u32, args.collective_ms)?;
         }
         cuda.synchronize()?;
         cuda.dtoh(&mut seen, dptr)?;
