@@ -4,6 +4,8 @@
 //! file; dumped and restored on the same host, going on with their data; and what is refused
 //! before anything is frozen, and what a failed dump or restore leaves.
 
+use std::path::{Path, PathBuf};
+
 use gpu_ckpt_tests::criu::Criu;
 use gpu_ckpt_tests::job::*;
 use gpu_ckpt_tests::*;
@@ -215,4 +217,129 @@ fn a_restore_whose_listening_port_is_taken_is_refused_naming_the_holder_and_then
     let out = criu_gpu(&sim, &c, &["restore", images.to_str().unwrap()], &[]);
     assert!(out.status.success(), "{}", text(&out));
     job.advances(5);
+}
+
+/// The journal of rank `r` of a job started with `--journal J`.
+fn journal(j: &Path, r: usize) -> PathBuf {
+    PathBuf::from(format!("{}.rank{r}", j.display()))
+}
+
+/// A snapshot (`--leave-running`), the job goes on and dies: the restore names the files that
+/// grew and touches nothing; with --truncate-grown it cuts them back and the job goes on from
+/// the snapshot, its journal continuing line for line; a file rewritten meanwhile is refused.
+#[test]
+fn a_snapshot_is_rolled_back_to_after_the_job_went_on_and_died() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let j = sim.dir.join("journal");
+    let job = start_job_with(
+        &mut sim,
+        None,
+        2,
+        &NCCL_SOCKETS_ONLY,
+        &["--interval-ms", "50", "--journal", j.to_str().unwrap()],
+    );
+    let images = dir_of(&sim, "snap");
+    let root = job.root.to_string();
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &root, images.to_str().unwrap(), "--leave-running"],
+        &[],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("recorded the job's"), "{t}");
+    // The job goes on, then dies.
+    job.advances(5);
+    for p in job.pids.iter().rev() {
+        signal(*p, nix::sys::signal::Signal::SIGKILL);
+    }
+    job.gone();
+    let grown: Vec<Vec<u8>> = (0..2)
+        .map(|r| std::fs::read(journal(&j, r)).unwrap())
+        .collect();
+    // What the journals held while the job was frozen, as the dump recorded it.
+    let rec = criu_gpu::job::files::FilesRecord::read(&images)
+        .unwrap()
+        .expect("the dump recorded the job's files");
+    let at_snapshot: Vec<Vec<u8>> = (0..2)
+        .map(|r| {
+            let f = rec.files.iter().find(|f| f.path == journal(&j, r)).unwrap();
+            assert!(f.digest.is_some(), "open for writing: hashed");
+            grown[r][..f.size as usize].to_vec()
+        })
+        .collect();
+    assert!(grown[0].len() > at_snapshot[0].len());
+
+    let snap = images.to_str().unwrap();
+    let out = criu_gpu(&sim, &c, &["restore", snap], &[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    for r in 0..2 {
+        let want = format!(
+            "{} grew from {} to {} bytes",
+            journal(&j, r).display(),
+            at_snapshot[r].len(),
+            grown[r].len()
+        );
+        assert!(t.contains(&want), "{want:?} missing from:\n{t}");
+        assert_eq!(
+            std::fs::read(journal(&j, r)).unwrap(),
+            grown[r],
+            "nothing touched"
+        );
+    }
+    assert!(t.contains("--truncate-grown"), "{t}");
+
+    let out = criu_gpu(&sim, &c, &["restore", snap, "--truncate-grown"], &[]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("cut ") && t.contains(" back from "), "{t}");
+    job.advances(5);
+    // Each journal goes on from the snapshot: its lines up to it, then the same steps as the
+    // first run wrote after it.
+    for r in 0..2 {
+        let now = std::fs::read(journal(&j, r)).unwrap();
+        assert!(now.starts_with(&at_snapshot[r]), "rank {r}");
+        let common = now.len().min(grown[r].len());
+        assert_eq!(
+            now[..common],
+            grown[r][..common],
+            "rank {r} went on as before"
+        );
+    }
+}
+
+#[test]
+fn a_file_rewritten_since_the_snapshot_is_refused_even_with_truncate_grown() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let j = sim.dir.join("journal");
+    let job = start_job_with(
+        &mut sim,
+        None,
+        2,
+        &NCCL_SOCKETS_ONLY,
+        &["--interval-ms", "50", "--journal", j.to_str().unwrap()],
+    );
+    let images = dir_of(&sim, "snap");
+    let out = job.dump(&sim, &c, &images, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    job.gone();
+    let rank1 = journal(&j, 1);
+    let mut bytes = std::fs::read(&rank1).unwrap();
+    bytes[0] ^= 1;
+    bytes.extend_from_slice(b"more\n");
+    std::fs::write(&rank1, &bytes).unwrap();
+    let snap = images.to_str().unwrap();
+    let out = criu_gpu(&sim, &c, &["restore", snap, "--truncate-grown"], &[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("are not what they were"), "{t}");
+    assert_eq!(std::fs::read(&rank1).unwrap(), bytes, "nothing touched");
+    assert!(
+        !t.contains("cut "),
+        "no file is cut when the restore is refused: {t}"
+    );
 }

@@ -71,6 +71,10 @@ struct Args {
     /// the GPU before it waits for the others (0: none).
     #[arg(long, default_value_t = 0)]
     collective_ms: u32,
+    /// Also write a line per step to this file, held open for the whole run as a training
+    /// job's log is (opened as Python's open(path, "w") does; ranks: PATH.rankN).
+    #[arg(long)]
+    journal: Option<String>,
     /// A rank waits before each step while the file PATH.rankN exists (a slow host-side step:
     /// its peers' collectives wait for it meanwhile).
     #[arg(long)]
@@ -117,6 +121,13 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
         ),
         None => None,
     };
+    let mut journal = match (&args.journal, &rank) {
+        (Some(j), Some(r)) => Some(format!("{j}.rank{}", r.rank)),
+        (Some(j), None) => Some(j.clone()),
+        (None, _) => None,
+    }
+    .map(|p| std::fs::File::create(&p).with_context(|| format!("creating {p}")))
+    .transpose()?;
     let cuda = driver::Cuda::load(&args.lib)?;
     cuda.init()?;
     let count = cuda.device_count()?;
@@ -183,6 +194,9 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
                 fnv(&seen)
             ),
         );
+        if let Some(j) = &mut journal {
+            writeln!(j, "step {step} fnv {:016x}", fnv(&seen)).context("journal")?;
+        }
         if args.steps > 0 && step >= args.steps {
             log_line(&args.log, &format!("done pid={pid}"));
             return Ok(());
