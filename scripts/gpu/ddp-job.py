@@ -1,13 +1,20 @@
 """ddp-job: a deterministic PyTorch DDP training job for the GPU machine's distributed tests.
 
-Each rank trains the same small MLP under DistributedDataParallel (NCCL) on synthetic batches
-drawn from (seed, step, rank), holds BALLAST GiB of seeded random data on its GPU, and checks
-an explicit all_reduce every step. Per rank it writes OUT/rank<R>.log: "ready", one line per
-step "step N loss <float.hex()> allreduce ok|BAD", and at the end "params <sha256>" and
-"ballast ok|BAD". Two runs with the same arguments write the same lines; a run that was dumped
-and restored must too.
+Each rank trains the same model under DistributedDataParallel (NCCL) on synthetic batches drawn
+from (seed, step, rank), holds BALLAST GiB of seeded random data on its GPU, and checks an
+explicit all_reduce every step. Per rank it writes OUT/rank<R>.log (held open, as training logs
+are): "ready", every --log-every steps "step N loss <float.hex()> allreduce ok|BAD" (the loss of
+that step; the all_reduce checks of the steps since), and at the end "params <sha256>" and
+"ballast ok|BAD"; with --times, OUT/rank<R>.times holds "N <CLOCK_MONOTONIC seconds>" per step
+(the host's view: a gap is the time the job was stopped). Two runs with the same arguments write
+the same log lines; a run that was dumped and restored must too.
 
-  python3 ddp-job.py --spawn 2 OUT [--steps N] [--sleep S] [--ballast GIB] [--port P]
+--sleep 0 trains flat out: the host only waits for the GPU at log lines, as real jobs do.
+--model mlp is a small MLP (the earlier runs); wide is an 8-layer 2048-wide MLP on batches of
+512, a few ms of GPU work per step. --device cpu (gloo) runs it without a GPU, for trying the
+script out.
+
+  python3 ddp-job.py --spawn 2 OUT [--steps N] [--sleep S] [--ballast GIB] [--port P] [...]
   torchrun --standalone --nproc-per-node 2 ddp-job.py OUT [...]   (rank from the environment)
 """
 import argparse
@@ -30,6 +37,11 @@ def args():
     p.add_argument("--ballast", type=float, default=1.0)
     p.add_argument("--port", type=int, default=29511)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--model", choices=["mlp", "wide"], default="mlp")
+    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--times", action="store_true")
+    p.add_argument("--gpus", type=int, default=0, help="ranks share this many GPUs (rank %% gpus)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     return p.parse_args()
 
 
@@ -49,31 +61,52 @@ def ballast(gib, seed, device):
     return torch.randint(-(2**62), 2**62, (n,), dtype=torch.int64, device=device, generator=g)
 
 
-def train(rank, world, a):
-    deterministic()
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    if "MASTER_ADDR" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ:
-        dist.init_process_group("nccl", device_id=dev)
-    else:
-        dist.init_process_group(
-            "nccl", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=world, device_id=dev
-        )
-    log = open(os.path.join(a.out, f"rank{rank}.log"), "w", buffering=1)
-    torch.manual_seed(a.seed)
-    model = torch.nn.Sequential(
+def model_of(kind):
+    if kind == "wide":
+        layers = []
+        for _ in range(8):
+            layers += [torch.nn.Linear(2048, 2048), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(2048, 1)), 512, 2048
+    m = torch.nn.Sequential(
         torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256), torch.nn.ReLU(),
         torch.nn.Linear(256, 1),
-    ).to(dev)
-    ddp = DDP(model, device_ids=[rank])
+    )
+    return m, 64, 256
+
+
+def train(rank, world, a):
+    deterministic()
+    if a.device == "cuda":
+        ordinal = rank % a.gpus if a.gpus else rank
+        torch.cuda.set_device(ordinal)
+        dev = torch.device("cuda", ordinal)
+        backend, kw = "nccl", {"device_id": dev}
+    else:
+        dev = torch.device("cpu")
+        backend, kw = "gloo", {}
+    if "MASTER_ADDR" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ:
+        dist.init_process_group(backend, **kw)
+    else:
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=world, **kw
+        )
+    log = open(os.path.join(a.out, f"rank{rank}.log"), "w", buffering=1)
+    times = open(os.path.join(a.out, f"rank{rank}.times"), "w") if a.times else None
+    torch.manual_seed(a.seed)
+    model, batch, width = model_of(a.model)
+    model = model.to(dev)
+    ddp = DDP(model, device_ids=[dev.index] if a.device == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     weight = ballast(a.ballast, a.seed + 1000 * rank, dev)
-    torch.cuda.synchronize()
+    if a.device == "cuda":
+        torch.cuda.synchronize()
     log.write(f"ready pid={os.getpid()} world={world}\n")
+    want = torch.tensor([world * (world + 1) / 2, 0.0], device=dev)
+    ok = torch.ones((), dtype=torch.bool, device=dev)
     for step in range(a.steps):
         g = torch.Generator(device=dev)
         g.manual_seed(a.seed * 1_000_003 + step * 101 + rank)
-        x = torch.randn(64, 256, device=dev, generator=g)
+        x = torch.randn(batch, width, device=dev, generator=g)
         y = x.sum(dim=1, keepdim=True).tanh()
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(ddp(x), y)
@@ -81,10 +114,17 @@ def train(rank, world, a):
         opt.step()
         check = torch.tensor([float(rank + 1), float(step)], device=dev)
         dist.all_reduce(check)
-        want = [world * (world + 1) / 2, float(step * world)]
-        ok = check.tolist() == want
-        log.write(f"step {step} loss {loss.item().hex()} allreduce {'ok' if ok else 'BAD'}\n")
-        time.sleep(a.sleep)
+        want[1] = float(step * world)
+        ok &= (check == want).all()
+        if times is not None:
+            times.write(f"{step} {time.monotonic():.6f}\n")
+        if (step + 1) % a.log_every == 0 or step + 1 == a.steps:
+            log.write(f"step {step} loss {loss.item().hex()} allreduce {'ok' if bool(ok) else 'BAD'}\n")
+            ok = torch.ones((), dtype=torch.bool, device=dev)
+            if times is not None:
+                times.flush()
+        if a.sleep > 0:
+            time.sleep(a.sleep)
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().cpu().numpy().tobytes())
@@ -92,6 +132,8 @@ def train(rank, world, a):
     if weight is not None:
         same = torch.equal(weight, ballast(a.ballast, a.seed + 1000 * rank, dev))
         log.write(f"ballast {'ok' if same else 'BAD'}\n")
+    if times is not None:
+        times.close()
     log.write("done\n")
     dist.destroy_process_group()
 
