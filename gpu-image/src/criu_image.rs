@@ -12,6 +12,8 @@ use std::path::Path;
 const INVENTORY_MAGIC: u32 = 0x5831_3116;
 const PLUGINS_ENTRY: u64 = 12;
 const PLUGINS: u64 = 12;
+/// inventory_entry.dump_criu_run_id: the id of the CRIU run that dumped the image.
+const DUMP_RUN_ID: u64 = 13;
 /// No inventory comes anywhere near this.
 const MAX_INVENTORY: u64 = 1 << 20;
 
@@ -48,6 +50,22 @@ pub fn inventory_plugins(dir: &Path) -> Result<Option<Vec<String>>, CriuImageErr
         }
     }
     Ok(list)
+}
+
+/// The id of the CRIU run that dumped the image in `dir` (its network lock's table name).
+pub fn dump_run_id(dir: &Path) -> Result<Option<String>, CriuImageError> {
+    let inv = Image::read(
+        &dir.join("inventory.img"),
+        false,
+        INVENTORY_MAGIC,
+        MAX_INVENTORY,
+    )?;
+    let Some(entry) = inv.entries.first() else {
+        return Ok(None);
+    };
+    Ok(bytes_field(&inv.fields(entry)?, DUMP_RUN_ID)
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .filter(|s| !s.is_empty()))
 }
 
 /// `IMG_COMMON_MAGIC` and the images' own magics (criu/include/magic.h).
@@ -137,6 +155,10 @@ pub struct RegFile {
     pub size: Option<u64>,
     /// Unlinked or otherwise remapped: CRIU restores it from the images, not from its path.
     pub remapped: bool,
+    /// Unlinked at the dump: its contents are in the images (ghost file N), and a restore makes
+    /// it for a moment at `NAME.cr.N.ghost` (criu/files-reg.c, ghost_path), where a restore
+    /// killed then leaves it.
+    pub ghost: Option<u64>,
 }
 
 impl RegFile {
@@ -150,11 +172,17 @@ impl RegFile {
 /// name = 6; size = 8 }; remap-fpath.img: remap_file_path_entry { orig_id = 1 }).
 pub fn regular_files(dir: &Path) -> Result<Vec<RegFile>, CriuImageError> {
     let remap = dir.join("remap-fpath.img");
-    let mut remapped = std::collections::HashSet::new();
+    // orig_id -> (remap_id, remap_type): remap_file_path_entry { orig_id = 1; remap_id = 2;
+    // remap_type = 3 } (GHOST = 1)
+    let mut remapped = std::collections::HashMap::new();
     if remap.exists() {
         let image = Image::read(&remap, true, REMAP_FPATH_MAGIC, MAX_IMAGE)?;
         for entry in &image.entries {
-            remapped.extend(varint_field(&image.fields(entry)?, 1));
+            let f = image.fields(entry)?;
+            if let Some(id) = varint_field(&f, 1) {
+                let remap_id = varint_field(&f, 2).unwrap_or(0);
+                remapped.insert(id, (remap_id, varint_field(&f, 3).unwrap_or(0)));
+            }
         }
     }
     let files = Image::read(&dir.join("files.img"), true, FILES_MAGIC, MAX_IMAGE)?;
@@ -176,10 +204,38 @@ pub fn regular_files(dir: &Path) -> Result<Vec<RegFile>, CriuImageError> {
             name: String::from_utf8_lossy(name).into_owned(),
             flags: varint_field(&r, 2).unwrap_or(0),
             size: varint_field(&r, 8),
-            remapped: remapped.contains(&id),
+            remapped: remapped.contains_key(&id),
+            ghost: remapped
+                .get(&id)
+                .filter(|(_, kind)| *kind == 1)
+                .map(|(remap_id, _)| *remap_id),
         });
     }
     Ok(out)
+}
+
+/// The image's unlinked files that a restore made at their paths after `since` and left there
+/// (a restore killed between making them and its tasks opening them): regular files, changed
+/// since then, no larger than they were dumped. Their removal lets the next restore make them.
+pub fn leftover_ghosts(
+    dir: &Path,
+    since: std::time::SystemTime,
+) -> Result<Vec<std::path::PathBuf>, CriuImageError> {
+    use std::os::unix::fs::MetadataExt;
+    let since = since
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(i64::MAX, |d| d.as_secs() as i64);
+    Ok(regular_files(dir)?
+        .into_iter()
+        .filter_map(|f| {
+            let path = std::path::PathBuf::from(format!("{}.cr.{:x}.ghost", f.name, f.ghost?));
+            let m = std::fs::symlink_metadata(&path).ok()?;
+            let made_here = m.file_type().is_file()
+                && m.ctime() >= since
+                && f.size.is_none_or(|s| m.len() <= s);
+            made_here.then_some(path)
+        })
+        .collect())
 }
 
 fn is_libcuda(path: &str) -> bool {
@@ -433,7 +489,15 @@ mod tests {
         std::fs::write(d.path().join("files.img"), files).unwrap();
         std::fs::write(
             d.path().join("remap-fpath.img"),
-            image(REMAP_FPATH_MAGIC, &[varint_field(1, 6)]),
+            image(
+                REMAP_FPATH_MAGIC,
+                &[[
+                    varint_field(1, 6),
+                    varint_field(2, 0x1c),
+                    varint_field(3, 1),
+                ]
+                .concat()],
+            ),
         )
         .unwrap();
         let got = regular_files(d.path()).unwrap();
@@ -445,18 +509,78 @@ mod tests {
                     name: "/job/rank0.log".into(),
                     flags: 0o2101,
                     size: Some(200),
-                    remapped: false
+                    remapped: false,
+                    ghost: None
                 },
                 RegFile {
                     id: 6,
                     name: "/dev/shm/nccl-x".into(),
                     flags: 0,
                     size: Some(4096),
-                    remapped: true
+                    remapped: true,
+                    ghost: Some(0x1c)
                 }
             ]
         );
         assert!(got[0].writable() && !got[1].writable());
+    }
+
+    #[test]
+    fn a_ghost_left_by_a_killed_restore_is_found_and_nothing_older_or_else() {
+        let d = tempfile::tempdir().unwrap();
+        let name = d.path().join("nccl-left");
+        let older_name = d.path().join("nccl-older");
+        let kept = d.path().join("job.log");
+        // Where a restore makes them: NAME.cr.REMAP_ID.ghost
+        let ghost = d.path().join("nccl-left.cr.b.ghost");
+        let older = d.path().join("nccl-older.cr.c.ghost");
+        let reg = |id: u64, name: &Path, size: u64| {
+            let mut r = varint_field(1, id);
+            r.extend(field(6, name.to_str().unwrap().as_bytes()));
+            r.extend(varint_field(8, size));
+            let mut e = varint_field(1, FD_REG);
+            e.extend(field(3, &r));
+            e
+        };
+        std::fs::write(
+            d.path().join("files.img"),
+            image(
+                FILES_MAGIC,
+                &[
+                    reg(1, &name, 64),
+                    reg(2, &older_name, 64),
+                    reg(3, &kept, 64),
+                ],
+            ),
+        )
+        .unwrap();
+        let ghost_of = |id, remap| {
+            [
+                varint_field(1, id),
+                varint_field(2, remap),
+                varint_field(3, 1),
+            ]
+            .concat()
+        };
+        std::fs::write(
+            d.path().join("remap-fpath.img"),
+            image(REMAP_FPATH_MAGIC, &[ghost_of(1, 0xb), ghost_of(2, 0xc)]),
+        )
+        .unwrap();
+        std::fs::write(&older, [0u8; 64]).unwrap();
+        let since = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        std::fs::write(&ghost, [0u8; 64]).unwrap();
+        std::fs::write(&kept, [0u8; 64]).unwrap();
+        assert_eq!(
+            leftover_ghosts(d.path(), since).unwrap(),
+            vec![ghost.clone()]
+        );
+        std::fs::write(&ghost, [0u8; 65]).unwrap();
+        assert!(
+            leftover_ghosts(d.path(), since).unwrap().is_empty(),
+            "larger than dumped: not the restore's"
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! records (checksummed JSON, [`record`]; the CUDA one, [`cuda`]), digests of every image file
 //! ([`digest`]), the node's settings ([`settings`]) and huge page policy ([`thp`]), where the GPU state goes on restore
 //! ([`placement`]), the checks a restore makes before anything starts ([`restorable`],
-//! [`amd`]), and what a checkpoint holds ([`inspect`]). The CRIU plugin and `criu-gpu` both use
+//! [`amd`]), what a checkpoint holds ([`inspect`]), and CRIU's network lock taken back when CRIU
+//! cannot ([`netlock`]). The CRIU plugin and `criu-gpu` both use
 //! it; [`node`] runs the whole check from a tool, loading the driver and NVML itself.
 
 pub mod amd;
@@ -10,6 +11,7 @@ pub mod criu_image;
 pub mod cuda;
 pub mod digest;
 pub mod inspect;
+pub mod netlock;
 pub mod node;
 pub mod placement;
 pub mod record;

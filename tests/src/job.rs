@@ -121,10 +121,22 @@ impl Job {
 
 /// `criu-gpu ARGS -- --lib PLUGINS` with the machine's environment.
 pub fn criu_gpu(sim: &Sim, c: &Criu, args: &[&str], env: &[(&str, &str)]) -> Output {
+    criu_gpu_with(sim, c, args, &[], env)
+}
+
+/// `criu-gpu ARGS -- --lib PLUGINS CRIU_ARGS`: more options for criu itself.
+pub fn criu_gpu_with(
+    sim: &Sim,
+    c: &Criu,
+    args: &[&str],
+    criu_args: &[&str],
+    env: &[(&str, &str)],
+) -> Output {
     let out = std::process::Command::new(artifact("criu-gpu"))
         .args(args)
         .args(["--criu", c.bin.to_str().unwrap(), "--", "--lib"])
         .arg(&c.plugins)
+        .args(criu_args)
         .envs(sim.env())
         .env_remove("LD_LIBRARY_PATH")
         .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))

@@ -5,6 +5,7 @@
 //! before anything is frozen, and what a failed dump or restore leaves.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use gpu_ckpt_tests::criu::Criu;
 use gpu_ckpt_tests::job::*;
@@ -342,4 +343,91 @@ fn a_file_rewritten_since_the_snapshot_is_refused_even_with_truncate_grown() {
         !t.contains("cut "),
         "no file is cut when the restore is refused: {t}"
     );
+}
+
+/// CRIU killed after a successful dump, at post-dump, with the tasks left alive: the guardian
+/// puts the GPU state back and takes CRIU's lock of the job's connections back. (The job's
+/// sockets are still in TCP repair mode then, which CRIU alone can undo: the ranks see errors on
+/// them and stop; docs/known-limits.md.)
+#[test]
+fn criu_killed_at_post_dump_leaves_the_gpu_state_and_the_network_lock_taken_back() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
+    let images = dir_of(&sim, "img");
+    let script = action_script(&sim, "kill-at-post-dump.sh", "post-dump");
+    let root = job.root.to_string();
+    let out = criu_gpu_with(
+        &sim,
+        &c,
+        &["dump", &root, images.to_str().unwrap()],
+        &["--action-script", script.to_str().unwrap()],
+        &[],
+    );
+    assert!(!out.status.success(), "criu was killed: {}", text(&out));
+    let id = criu_gpu_image::criu_image::dump_run_id(&images)
+        .unwrap()
+        .expect("the inventory was written before post-dump");
+    let guardian = || std::fs::read_to_string(images.join("gpu-guardian.log")).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(20), || guardian()
+            .contains("took back CRIU's network lock")),
+        "{}",
+        guardian()
+    );
+    assert!(!criu_gpu_image::netlock::is_locked(&id).unwrap());
+    assert!(
+        wait_until(Duration::from_secs(20), || guardian()
+            .matches("returned to its state before the dump (running)")
+            .count()
+            == 2),
+        "{}",
+        guardian()
+    );
+}
+
+/// A script for CRIU's --action-script that SIGKILLs CRIU at `action`.
+fn action_script(sim: &Sim, name: &str, action: &str) -> PathBuf {
+    let script = sim.dir.join(name);
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = {action} ] && kill -9 $PPID\nexit 0\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    script
+}
+
+/// CRIU killed in a restore (at pre-restore, after the plugin's init): nothing of the job is left
+/// and the same images restore again. (A restore killed while its tasks read their pages leaves
+/// the job's unlinked files, made for a moment, in the way of the next: "Can't create ghost
+/// regfile: File exists"; the guardian removes them, criu_image::leftover_ghosts.)
+#[test]
+fn a_restore_killed_late_leaves_nothing_in_the_way_of_the_next() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
+    let images = dir_of(&sim, "img");
+    let out = job.dump(&sim, &c, &images, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    job.gone();
+    let script = action_script(&sim, "kill-at-pre-restore.sh", "pre-restore");
+    let snap = images.to_str().unwrap();
+    let out = criu_gpu_with(
+        &sim,
+        &c,
+        &["restore", snap],
+        &["--action-script", script.to_str().unwrap()],
+        &[],
+    );
+    assert!(!out.status.success(), "criu was killed: {}", text(&out));
+    job.gone();
+    let out = criu_gpu(&sim, &c, &["restore", snap], &[]);
+    assert!(
+        out.status.success(),
+        "{}\nguardian: {}",
+        text(&out),
+        std::fs::read_to_string(images.join("gpu-guardian.log")).unwrap_or_default()
+    );
+    job.advances(5);
 }

@@ -219,6 +219,9 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
         dumped_at: now(),
     }
     .write(&r.dir)?;
+    if !leave_running && plan.dump_args().iter().any(|a| a == "--network-lock") {
+        release_network_lock(&r.dir);
+    }
     match files::FilesRecord::read(&r.dir) {
         Ok(Some(f)) => out::line(format!(
             "recorded the job's {} open file(s) for a later restore ({} hashed in {:.3} s while \
@@ -249,6 +252,31 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
         image_bytes: Some(bytes),
         restored_root: None,
     })
+}
+
+/// CRIU keeps the job's connections locked after a dump that ended the tasks, for their restore
+/// (a table of drop rules that outlives the dump). The connections were all between the job's own
+/// processes, which are gone and restored together: the lock is taken back now, so that nothing
+/// of the dump stays in the node's firewall (the restore takes it again for its time).
+fn release_network_lock(dir: &Path) {
+    let id = match criu_gpu_image::criu_image::dump_run_id(dir) {
+        Ok(Some(id)) => id,
+        _ => {
+            out::line("warning: no CRIU run id in the images: the network lock was not looked at");
+            return;
+        }
+    };
+    let table = criu_gpu_image::netlock::table(&id);
+    match criu_gpu_image::netlock::unlock(&id) {
+        Ok(criu_gpu_image::netlock::Unlocked::Removed) => out::line(format!(
+            "network: took back CRIU's lock of the job's connections ({table})"
+        )),
+        Ok(criu_gpu_image::netlock::Unlocked::NotLocked) => {}
+        Err(e) => out::line(format!(
+            "warning: CRIU's lock of the job's connections ({table}) could not be taken back: {e}; \
+             `nft delete table {table}` removes it"
+        )),
+    }
 }
 
 /// `criu-gpu` as CRIU's action script (`action` from CRTOOLS_SCRIPT_ACTION): at post-dump, while

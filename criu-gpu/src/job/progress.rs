@@ -33,6 +33,8 @@ pub enum Event {
 pub fn parse(line: &str) -> Option<Event> {
     // "(00.123456) criu_gpu: ..." or "(00.123456) pages: pid 12: wrote 1.5 of at most 8.0 GiB, ..."
     let text = line.split_once(") ").map_or(line, |(_, t)| t);
+    // Lines of CRIU's page-xfer-direct.c (patch 0006) carry its log prefix.
+    let text = text.strip_prefix("page-xfer-direct: ").unwrap_or(text);
     if text.starts_with("Error") || text.contains("Error (") {
         return Some(Event::Error(text.to_owned()));
     }
@@ -234,6 +236,19 @@ mod tests {
             parse("(05.0) pages: pid 12: copied 8.00 GiB in 2.10 s, 4.09 GB/s, 4 threads, while criu went on"),
             Some(Event::PagesDone { .. })
         ));
+        // As the H100 run's log has them (CRIU's prefix for that file).
+        assert!(matches!(
+            parse("(02.654287) page-xfer-direct: pages: pid 19857: copied 2.91 GiB in 0.90 s, 3.46 GB/s, 4 threads, while criu went on"),
+            Some(Event::PagesDone { .. })
+        ));
+        assert_eq!(
+            parse("(02.0) page-xfer-direct: pages: pid 7: copied 1.5 of 2.9 GiB, 3.50 GB/s, while criu goes on"),
+            Some(Event::Pages {
+                key: "pid 7".into(),
+                done: 1.5,
+                of: Some(2.9)
+            })
+        );
         assert_eq!(
             parse("(03.0) pages 7: read 2.0 of 8.0 GiB, 9.10 GB/s"),
             Some(Event::Pages {

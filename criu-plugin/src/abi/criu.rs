@@ -34,6 +34,8 @@ struct Symbols {
     opts: Option<usize>,
     /// `struct pstree_item *root_item`, set before plugins are initialised on dump.
     root_item: Option<usize>,
+    /// `char criu_run_id[RUN_ID_HASH_LENGTH]` (criu/util.c): names this run's network lock.
+    criu_run_id: Option<usize>,
 }
 
 fn lookup(name: &str) -> Option<*mut c_void> {
@@ -67,6 +69,7 @@ fn symbols() -> &'static Symbols {
                     .map(|p| std::mem::transmute::<*mut c_void, DeferPages>(p)),
                 opts: lookup("opts").map(|p| p as usize),
                 root_item: lookup("root_item").map(|p| p as usize),
+                criu_run_id: lookup("criu_run_id").map(|p| p as usize),
             }
         }
     })
@@ -123,6 +126,21 @@ pub fn use_interrupt_only_seizing() -> bool {
         }
         None => false,
     }
+}
+
+/// This CRIU run's id (a UUID), which names its nftables network lock.
+pub fn run_id() -> Option<String> {
+    /// RUN_ID_HASH_LENGTH (criu/include/util.h): a UUID's 36 characters and a NUL.
+    const LEN: usize = 37;
+    let addr = symbols().criu_run_id?;
+    // SAFETY: `criu_run_id` is CRIU's global char array of RUN_ID_HASH_LENGTH bytes, set by
+    // util_init() before plugins are loaded; only that many bytes are read.
+    let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, LEN) };
+    let end = bytes.iter().position(|b| *b == 0)?;
+    std::str::from_utf8(&bytes[..end])
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
 }
 
 /// CRIU's image directory fd (valid in CRIU's main process and in restored tasks).

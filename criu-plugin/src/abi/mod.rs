@@ -120,7 +120,7 @@ fn fork_guardian(watch: Watch) -> Result<Guardian, GuardianError> {
     let dir = criu::image_dir_fd()
         .and_then(|fd| std::fs::File::open(format!("/proc/self/fd/{fd}")).ok())
         .map(std::os::fd::OwnedFd::from);
-    Guardian::fork(watch, dir)
+    Guardian::fork(watch, dir, criu::run_id())
 }
 
 /// The inventory of the image CRIU restores, through CRIU's own functions.

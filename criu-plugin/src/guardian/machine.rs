@@ -23,14 +23,23 @@ pub struct Real {
     image_dir: Option<OwnedFd>,
     /// Restore: what the watched CRIU creates.
     lineage: Option<Lineage>,
+    /// The watched CRIU's run id (its network lock on dump).
+    run_id: Option<String>,
+    started: std::time::SystemTime,
 }
 
 impl Real {
-    pub fn new(image_dir: Option<OwnedFd>, lineage: Option<Lineage>) -> Real {
+    pub fn new(
+        image_dir: Option<OwnedFd>,
+        lineage: Option<Lineage>,
+        run_id: Option<String>,
+    ) -> Real {
         Real {
             driver: OnceLock::new(),
             image_dir,
             lineage,
+            run_id,
+            started: std::time::SystemTime::now(),
         }
     }
 }
@@ -89,6 +98,48 @@ impl Machine for Real {
             .as_ref()
             .map(Lineage::alive)
             .unwrap_or_default()
+    }
+
+    fn unlock_network(&self, restore: bool) -> Option<String> {
+        // A restore's lock is named by the run that dumped the image.
+        let id = if restore {
+            let dir = self.image_dir()?;
+            criu_gpu_image::criu_image::dump_run_id(&dir).ok()??
+        } else {
+            self.run_id.clone()?
+        };
+        match criu_gpu_image::netlock::unlock(&id) {
+            Ok(criu_gpu_image::netlock::Unlocked::Removed) => Some(format!(
+                "took back CRIU's network lock (nftables table {}): the job's connections carry \
+                 packets again",
+                criu_gpu_image::netlock::table(&id)
+            )),
+            Ok(criu_gpu_image::netlock::Unlocked::NotLocked) => None,
+            Err(e) => Some(format!(
+                "could not look at CRIU's network lock ({}): {e}; if the network is blocked, run \
+                 `nft delete table {}`",
+                criu_gpu_image::netlock::table(&id),
+                criu_gpu_image::netlock::table(&id)
+            )),
+        }
+    }
+
+    fn remove_ghosts(&self) -> Vec<String> {
+        let Some(dir) = self.image_dir() else {
+            return Vec::new();
+        };
+        let left = criu_gpu_image::criu_image::leftover_ghosts(&dir, self.started);
+        left.unwrap_or_default()
+            .into_iter()
+            .filter(|p| std::fs::remove_file(p).is_ok())
+            .map(|p| {
+                format!(
+                    "removed {}, an unlinked file of the image that the killed restore had made \
+                     for a moment (the next restore makes it again)",
+                    p.display()
+                )
+            })
+            .collect()
     }
 
     fn kill_created(&self, pid: i32) {

@@ -64,7 +64,12 @@ impl Guardian {
     /// Forks the guardian process watching the CRIU command this process runs. Must be
     /// called while CRIU runs a single thread (hooks run on it; the plugin's own threads are
     /// all joined by then).
-    pub fn fork(watch: Watch, image_dir: Option<OwnedFd>) -> Result<Guardian, GuardianError> {
+    /// `run_id`: this CRIU run's id, which names its network lock (taken back if CRIU dies).
+    pub fn fork(
+        watch: Watch,
+        image_dir: Option<OwnedFd>,
+        run_id: Option<String>,
+    ) -> Result<Guardian, GuardianError> {
         // A restore's forks are followed from before the first one (the guardian's own).
         let events = match watch {
             Watch::Restore => lineage::subscribe()
@@ -85,7 +90,7 @@ impl Guardian {
         let (link, pid) = sys::spawn(&keep, move |link, criu, criu_pid| {
             let lineage =
                 (watch == Watch::Restore).then(|| lineage::Lineage::follow(events, criu_pid));
-            let machine = std::sync::Arc::new(machine::Real::new(image_dir, lineage));
+            let machine = std::sync::Arc::new(machine::Real::new(image_dir, lineage, run_id));
             if let Ok(agent) = agent::Agent::new(watch, machine, link, criu, criu_pid) {
                 agent.run();
             }

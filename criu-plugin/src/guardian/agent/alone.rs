@@ -35,6 +35,7 @@ impl Agent {
                     .map(|(pid, _)| (pid, 0))
                     .collect();
                 if alive.is_empty() {
+                    self.leave_retryable();
                     return;
                 }
                 self.out.log(
@@ -49,6 +50,7 @@ impl Agent {
                 for (pid, _) in alive.iter().rev() {
                     self.machine.kill_created(*pid);
                 }
+                self.leave_retryable();
             }
             (Watch::Restore, _) => {}
             (_, Phase::RolledBack) if self.settled.load(Ordering::SeqCst) => {}
@@ -86,9 +88,23 @@ impl Agent {
         }
     }
 
+    /// After a restore killed half-way: what else it left in the way of the next one.
+    fn leave_retryable(&self) {
+        for line in self.machine.remove_ghosts() {
+            self.out.log(Level::Warn, line);
+        }
+        if let Some(line) = self.machine.unlock_network(true) {
+            self.out.log(Level::Warn, line);
+        }
+    }
+
     /// Rolls every process back without CRIU, and records what happened.
     pub(super) fn finish_alone(&mut self, when: &str) {
         let criu = self.criu_pid;
+        // The job's processes go on: the network CRIU locked for them must pass again.
+        if let Some(line) = self.machine.unlock_network(false) {
+            self.out.log(Level::Warn, line);
+        }
         let names: Vec<(i32, u64)> = self
             .tracked
             .iter()

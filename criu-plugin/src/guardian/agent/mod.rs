@@ -56,6 +56,16 @@ pub trait Machine: Send + Sync + 'static {
     fn created(&self) -> Vec<(i32, i32)>;
     /// Kills a process the watched CRIU created, and no other that has its pid now.
     fn kill_created(&self, pid: i32);
+    /// Takes back the network lock of the watched CRIU run (of the dumping run, on `restore`);
+    /// what was done, for the record.
+    fn unlock_network(&self, _restore: bool) -> Option<String> {
+        None
+    }
+    /// Restore: removes the image's unlinked files that the restore made and left; what was
+    /// done.
+    fn remove_ghosts(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Where the guardian writes when CRIU is gone: syslog and the image directory's log.
     fn record(&self, level: Level, line: &str);
     /// The node's huge page policy, if the guardian may change it.
