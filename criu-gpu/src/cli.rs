@@ -48,7 +48,13 @@ pub enum Command {
         /// Restore onto other GPUs: OLD_UUID=NEW_UUID[,...] or `auto` (CRIU_GPU_DEVICE_MAP).
         #[arg(long)]
         device_map: Option<String>,
+        /// Cut the job's files that only grew since the snapshot (logs, appended outputs) back
+        /// to their size at the snapshot, where their first bytes are what the snapshot
+        /// recorded; without it no file is touched and the restore is refused.
+        #[arg(long)]
+        truncate_grown: bool,
     },
+
     /// Can this node restore that checkpoint's GPU state? (driver, GPUs, free memory, image integrity)
     Check {
         /// A CRIU image directory, a Podman/CRI-O/kubelet archive (.tar, .tar.gz, .tar.zst),

@@ -15,6 +15,14 @@ use criu_gpu::{cli, doctor, inspect, job, oci, out};
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
+    // CRIU runs `criu-gpu` as the action script of `criu-gpu dump`: no arguments, the action in
+    // the environment.
+    if args.len() == 1 {
+        if let Ok(action) = std::env::var("CRTOOLS_SCRIPT_ACTION") {
+            job::action_script(&action);
+            return ExitCode::SUCCESS;
+        }
+    }
     // Installed as criu-gpu-check too: the old name of `criu-gpu check`.
     if args.first().is_some_and(|a| {
         Path::new(a)
@@ -77,8 +85,13 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             dir,
             common,
             device_map,
+            truncate_grown,
         } => {
-            let o = job::restore(device_map.as_deref(), &job_request(dir, common, verbose))?;
+            let how = job::RestoreHow {
+                device_map,
+                truncate_grown,
+            };
+            let o = job::restore(&how, &job_request(dir, common, verbose))?;
             if json {
                 out::json(&o);
             }

@@ -61,6 +61,23 @@ pub enum Error {
         /// The driver's answer, which `cuda-checkpoint`-compatible output prints.
         source: CudaError,
     },
+    /// A group whose processes wait for each other on the GPU was locked in rounds, and no
+    /// round locked all of them.
+    #[error(
+        "GPU work in process {pid} ({comm}) did not finish within {} ms in the last of {rounds} \
+         rounds of locking the {group} CUDA processes at once ({:.1} s in all); retry, or give the \
+         rounds more time with --timeout",
+        .longest.as_millis(),
+        .elapsed.as_secs_f64()
+    )]
+    RoundsGaveUp {
+        pid: i32,
+        comm: String,
+        rounds: u32,
+        elapsed: Duration,
+        longest: Duration,
+        group: usize,
+    },
     #[error(
         "the GPU state of process {pid} ({comm}) is lost: the driver reports it failed; restart it"
     )]

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::collective::{Rendezvous, PEER_WAIT};
 use crate::errors::code;
 use crate::proto::{self, DeviceDesc, Reply, Request};
 
@@ -78,6 +79,7 @@ struct Daemon {
     devices: Vec<DeviceDesc>,
     driver_version: String,
     state: Mutex<State>,
+    collectives: Rendezvous,
 }
 
 /// Serves until the listener fails; each connection gets a thread.
@@ -108,6 +110,7 @@ pub fn serve(cfg: Config) -> io::Result<()> {
             clients: HashMap::new(),
             next_client: 1,
         }),
+        collectives: Rendezvous::default(),
     });
     eprintln!(
         "cuda-sim-gpud: {} GPU(s) on {}",
@@ -241,6 +244,19 @@ impl Daemon {
             Request::Busy { ms } => {
                 std::thread::sleep(Duration::from_millis(ms as u64));
                 Ok(Reply::Done)
+            }
+            Request::Collective {
+                group,
+                seq,
+                ranks,
+                ms,
+            } => {
+                std::thread::sleep(Duration::from_millis(ms as u64));
+                if self.collectives.meet(group, seq, ranks, PEER_WAIT) {
+                    Ok(Reply::Done)
+                } else {
+                    Err(code::UNKNOWN)
+                }
             }
             Request::MemInfo { device } => {
                 let dev = self

@@ -8,6 +8,7 @@
 //!   checkpoint API as a controller calls it ([`controller`]) and NVML ([`nvml`]);
 //! * `cuda-sim-app`, a GPU-like test application that keeps checkable data on the device.
 
+pub mod collective;
 pub mod control;
 pub mod controller;
 pub mod errors;

@@ -63,6 +63,14 @@ pub enum Request {
     Busy {
         ms: u32,
     },
+    /// A collective kernel of a job (NCCL's all_reduce, in small): it computes for `ms`, then
+    /// waits on the device until the `ranks` members of `group` have each launched step `seq`.
+    Collective {
+        group: u64,
+        seq: u64,
+        ranks: u32,
+        ms: u32,
+    },
     MemInfo {
         device: u32,
     },
@@ -187,6 +195,17 @@ impl Request {
             Request::Busy { ms } => Enc::default().u8(6).u32(*ms),
             Request::MemInfo { device } => Enc::default().u8(7).u32(*device),
             Request::Processes { device } => Enc::default().u8(8).u32(*device),
+            Request::Collective {
+                group,
+                seq,
+                ranks,
+                ms,
+            } => Enc::default()
+                .u8(9)
+                .u64(*group)
+                .u64(*seq)
+                .u32(*ranks)
+                .u32(*ms),
         };
         write_frame(w, &e.0)
     }
@@ -221,6 +240,12 @@ impl Request {
             6 => Request::Busy { ms: d.u32()? },
             7 => Request::MemInfo { device: d.u32()? },
             8 => Request::Processes { device: d.u32()? },
+            9 => Request::Collective {
+                group: d.u64()?,
+                seq: d.u64()?,
+                ranks: d.u32()?,
+                ms: d.u32()?,
+            },
             op => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -381,6 +406,12 @@ mod tests {
                 value: 0xdead_beef,
             },
             Request::Busy { ms: 5 },
+            Request::Collective {
+                group: 7,
+                seq: 1 << 40,
+                ranks: 2,
+                ms: 3,
+            },
             Request::MemInfo { device: 0 },
             Request::Processes { device: 0 },
         ];

@@ -268,6 +268,16 @@ impl Runtime {
         self.link().submit(&Request::Busy { ms })
     }
 
+    /// A collective kernel of a job's step (see [`crate::collective`]), submitted asynchronously.
+    pub fn collective(&self, group: u64, seq: u64, ranks: u32, ms: u32) -> CuResult<()> {
+        self.link().submit(&Request::Collective {
+            group,
+            seq,
+            ranks,
+            ms,
+        })
+    }
+
     pub fn synchronize(&self) -> CuResult<()> {
         self.link().drain(None)
     }

@@ -56,6 +56,7 @@ const PSTREE_MAGIC: u32 = 0x5027_3030;
 const CORE_MAGIC: u32 = 0x5505_3847;
 const MM_MAGIC: u32 = 0x5749_2820;
 const FILES_MAGIC: u32 = 0x5630_3138;
+const REMAP_FPATH_MAGIC: u32 = 0x5913_3954;
 /// Larger than any pstree, core, mm or files image of a real tree.
 const MAX_IMAGE: u64 = 64 << 20;
 /// vma_entry.status bits of a file mapping (criu/include/image.h).
@@ -120,6 +121,63 @@ pub fn cuda_mappers(dir: &Path) -> Result<Vec<CudaMapper>, CriuImageError> {
                 comm: comm(dir, pid).unwrap_or_default(),
             });
         }
+    }
+    Ok(out)
+}
+
+/// A regular file of the image, as CRIU checks it when it restores it (its size must be the same).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegFile {
+    pub id: u64,
+    /// The path in the dumped task's mount namespace.
+    pub name: String,
+    /// The open flags (O_WRONLY, O_RDWR, O_APPEND...).
+    pub flags: u64,
+    /// The size at the dump.
+    pub size: Option<u64>,
+    /// Unlinked or otherwise remapped: CRIU restores it from the images, not from its path.
+    pub remapped: bool,
+}
+
+impl RegFile {
+    /// Opened for writing: the process may have changed it since.
+    pub fn writable(&self) -> bool {
+        self.flags & 3 != 0
+    }
+}
+
+/// The regular files of the image in `dir` (files.img: reg_file_entry { id = 1; flags = 2;
+/// name = 6; size = 8 }; remap-fpath.img: remap_file_path_entry { orig_id = 1 }).
+pub fn regular_files(dir: &Path) -> Result<Vec<RegFile>, CriuImageError> {
+    let remap = dir.join("remap-fpath.img");
+    let mut remapped = std::collections::HashSet::new();
+    if remap.exists() {
+        let image = Image::read(&remap, true, REMAP_FPATH_MAGIC, MAX_IMAGE)?;
+        for entry in &image.entries {
+            remapped.extend(varint_field(&image.fields(entry)?, 1));
+        }
+    }
+    let files = Image::read(&dir.join("files.img"), true, FILES_MAGIC, MAX_IMAGE)?;
+    let mut out = Vec::new();
+    for entry in &files.entries {
+        let f = files.fields(entry)?;
+        if varint_field(&f, 1) != Some(FD_REG) {
+            continue;
+        }
+        let Some(reg) = bytes_field(&f, 3) else {
+            continue;
+        };
+        let r = files.fields(reg)?;
+        let (Some(id), Some(name)) = (varint_field(&r, 1), bytes_field(&r, 6)) else {
+            return Err(files.bad("a regular file without its id or name"));
+        };
+        out.push(RegFile {
+            id,
+            name: String::from_utf8_lossy(name).into_owned(),
+            flags: varint_field(&r, 2).unwrap_or(0),
+            size: varint_field(&r, 8),
+            remapped: remapped.contains(&id),
+        });
     }
     Ok(out)
 }
@@ -350,6 +408,55 @@ mod tests {
             e.extend(field(14, &vma));
         }
         e
+    }
+
+    #[test]
+    fn lists_the_regular_files_with_their_sizes_flags_and_remaps() {
+        let d = tempfile::tempdir().unwrap();
+        let reg = |id: u64, flags: u64, name: &str, size: u64| {
+            let mut r = varint_field(1, id);
+            r.extend(varint_field(2, flags));
+            r.extend(field(6, name.as_bytes()));
+            r.extend(varint_field(8, size));
+            let mut e = varint_field(1, FD_REG);
+            e.extend(varint_field(2, id));
+            e.extend(field(3, &r));
+            e
+        };
+        let files = image(
+            FILES_MAGIC,
+            &[
+                reg(5, 0o2101, "/job/rank0.log", 200),
+                reg(6, 0, "/dev/shm/nccl-x", 4096),
+            ],
+        );
+        std::fs::write(d.path().join("files.img"), files).unwrap();
+        std::fs::write(
+            d.path().join("remap-fpath.img"),
+            image(REMAP_FPATH_MAGIC, &[varint_field(1, 6)]),
+        )
+        .unwrap();
+        let got = regular_files(d.path()).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                RegFile {
+                    id: 5,
+                    name: "/job/rank0.log".into(),
+                    flags: 0o2101,
+                    size: Some(200),
+                    remapped: false
+                },
+                RegFile {
+                    id: 6,
+                    name: "/dev/shm/nccl-x".into(),
+                    flags: 0,
+                    size: Some(4096),
+                    remapped: true
+                }
+            ]
+        );
+        assert!(got[0].writable() && !got[1].writable());
     }
 
     #[test]

@@ -21,7 +21,11 @@ pub const CONFIG_ENV: &str = "CRIU_GPU_CONFIG";
 pub const KEYS: &[(&str, &str)] = &[
     (
         "CRIU_GPU_LOCK_TIMEOUT_MS",
-        "how long a lock waits for submitted GPU work (capped by criu --timeout)",
+        "how long locking the CUDA processes may take, in one lock or in rounds (capped by criu --timeout)",
+    ),
+    (
+        "CRIU_GPU_LOCK_ROUNDS",
+        "auto: lock NCCL ranks in rounds until all lock at once; 1: any group; 0: one lock",
     ),
     (
         "CRIU_GPU_ACTION_TIMEOUT_S",

@@ -13,6 +13,7 @@ pub mod amd;
 pub mod containerd;
 pub mod criu;
 pub mod held;
+pub mod job;
 pub mod kube;
 pub mod podman;
 

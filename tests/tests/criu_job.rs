@@ -5,129 +5,10 @@
 //! before anything is frozen, and what a failed dump or restore leaves.
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
-use std::time::Duration;
 
 use gpu_ckpt_tests::criu::Criu;
+use gpu_ckpt_tests::job::*;
 use gpu_ckpt_tests::*;
-
-/// A free TCP port of this host.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("[::]:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A job of `n` ranks, started as `program ARGS` (cuda-sim-app, or a launcher in front of it).
-struct Job {
-    root: i32,
-    /// Every process of the tree, as started.
-    pids: Vec<i32>,
-    ranks: Vec<App>,
-}
-
-fn start_job(sim: &mut Sim, launcher: Option<&Path>, n: usize, extra: &[(&str, &str)]) -> Job {
-    let log = sim.dir.join("job.log");
-    let app = artifact("cuda-sim-app");
-    let port = free_port().to_string();
-    let ns = n.to_string();
-    let args = [
-        "--log",
-        log.to_str().unwrap(),
-        "--ranks",
-        &ns,
-        "--mib",
-        "8",
-        "--shm-mib",
-        "8",
-        "--store-port",
-        &port,
-        "--interval-ms",
-        "50",
-    ];
-    let mut cmd = match launcher {
-        Some(l) => {
-            let mut c = setsid_command(l);
-            c.arg(&app);
-            c
-        }
-        None => setsid_command(&app),
-    };
-    let child = cmd
-        .args(args)
-        .envs(sim.env())
-        .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let root = reap_in_background(child);
-    sim.adopt(root);
-    let ranks: Vec<App> = (0..n)
-        .map(|r| App {
-            pid: 0,
-            log: log.with_extension(format!("log.rank{r}")),
-        })
-        .collect();
-    for r in &ranks {
-        assert!(
-            wait_until(Duration::from_secs(20), || r.steps() >= 2),
-            "{}",
-            r.tail()
-        );
-    }
-    let pids = cuda_checkpoint_ctl::process::tree(root);
-    Job { root, pids, ranks }
-}
-
-impl Job {
-    /// `criu-gpu dump ROOT IMAGES` with `env` added.
-    fn dump(&self, sim: &Sim, c: &Criu, images: &Path, env: &[(&str, &str)]) -> Output {
-        let root = self.root.to_string();
-        criu_gpu(sim, c, &["dump", &root, images.to_str().unwrap()], env)
-    }
-
-    /// Waits until no process of the job is left (dumped and killed, or killed by a restore).
-    fn gone(&self) {
-        for p in &self.pids {
-            wait_gone(*p);
-        }
-    }
-
-    fn advances(&self, n: usize) {
-        for r in &self.ranks {
-            assert!(r.advances(n), "{}", r.tail());
-            r.assert_healthy();
-        }
-    }
-}
-
-/// `criu-gpu ARGS -- --lib PLUGINS` with the machine's environment.
-fn criu_gpu(sim: &Sim, c: &Criu, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let out = std::process::Command::new(artifact("criu-gpu"))
-        .args(args)
-        .args(["--criu", c.bin.to_str().unwrap(), "--", "--lib"])
-        .arg(&c.plugins)
-        .envs(sim.env())
-        .env_remove("LD_LIBRARY_PATH")
-        .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    eprintln!("criu-gpu {args:?}:\n{}{}", stdout(&out), stderr(&out));
-    out
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", stdout(o), stderr(o))
-}
-
-fn dir_of(sim: &Sim, name: &str) -> PathBuf {
-    sim.dir.join(name)
-}
 
 #[test]
 fn a_job_of_two_ranks_is_dumped_and_restored_on_the_same_host_and_goes_on() {
@@ -336,4 +217,129 @@ fn a_restore_whose_listening_port_is_taken_is_refused_naming_the_holder_and_then
     let out = criu_gpu(&sim, &c, &["restore", images.to_str().unwrap()], &[]);
     assert!(out.status.success(), "{}", text(&out));
     job.advances(5);
+}
+
+/// The journal of rank `r` of a job started with `--journal J`.
+fn journal(j: &Path, r: usize) -> PathBuf {
+    PathBuf::from(format!("{}.rank{r}", j.display()))
+}
+
+/// A snapshot (`--leave-running`), the job goes on and dies: the restore names the files that
+/// grew and touches nothing; with --truncate-grown it cuts them back and the job goes on from
+/// the snapshot, its journal continuing line for line; a file rewritten meanwhile is refused.
+#[test]
+fn a_snapshot_is_rolled_back_to_after_the_job_went_on_and_died() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let j = sim.dir.join("journal");
+    let job = start_job_with(
+        &mut sim,
+        None,
+        2,
+        &NCCL_SOCKETS_ONLY,
+        &["--interval-ms", "50", "--journal", j.to_str().unwrap()],
+    );
+    let images = dir_of(&sim, "snap");
+    let root = job.root.to_string();
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &root, images.to_str().unwrap(), "--leave-running"],
+        &[],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("recorded the job's"), "{t}");
+    // The job goes on, then dies.
+    job.advances(5);
+    for p in job.pids.iter().rev() {
+        signal(*p, nix::sys::signal::Signal::SIGKILL);
+    }
+    job.gone();
+    let grown: Vec<Vec<u8>> = (0..2)
+        .map(|r| std::fs::read(journal(&j, r)).unwrap())
+        .collect();
+    // What the journals held while the job was frozen, as the dump recorded it.
+    let rec = criu_gpu::job::files::FilesRecord::read(&images)
+        .unwrap()
+        .expect("the dump recorded the job's files");
+    let at_snapshot: Vec<Vec<u8>> = (0..2)
+        .map(|r| {
+            let f = rec.files.iter().find(|f| f.path == journal(&j, r)).unwrap();
+            assert!(f.digest.is_some(), "open for writing: hashed");
+            grown[r][..f.size as usize].to_vec()
+        })
+        .collect();
+    assert!(grown[0].len() > at_snapshot[0].len());
+
+    let snap = images.to_str().unwrap();
+    let out = criu_gpu(&sim, &c, &["restore", snap], &[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    for r in 0..2 {
+        let want = format!(
+            "{} grew from {} to {} bytes",
+            journal(&j, r).display(),
+            at_snapshot[r].len(),
+            grown[r].len()
+        );
+        assert!(t.contains(&want), "{want:?} missing from:\n{t}");
+        assert_eq!(
+            std::fs::read(journal(&j, r)).unwrap(),
+            grown[r],
+            "nothing touched"
+        );
+    }
+    assert!(t.contains("--truncate-grown"), "{t}");
+
+    let out = criu_gpu(&sim, &c, &["restore", snap, "--truncate-grown"], &[]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("cut ") && t.contains(" back from "), "{t}");
+    job.advances(5);
+    // Each journal goes on from the snapshot: its lines up to it, then the same steps as the
+    // first run wrote after it.
+    for r in 0..2 {
+        let now = std::fs::read(journal(&j, r)).unwrap();
+        assert!(now.starts_with(&at_snapshot[r]), "rank {r}");
+        let common = now.len().min(grown[r].len());
+        assert_eq!(
+            now[..common],
+            grown[r][..common],
+            "rank {r} went on as before"
+        );
+    }
+}
+
+#[test]
+fn a_file_rewritten_since_the_snapshot_is_refused_even_with_truncate_grown() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let j = sim.dir.join("journal");
+    let job = start_job_with(
+        &mut sim,
+        None,
+        2,
+        &NCCL_SOCKETS_ONLY,
+        &["--interval-ms", "50", "--journal", j.to_str().unwrap()],
+    );
+    let images = dir_of(&sim, "snap");
+    let out = job.dump(&sim, &c, &images, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    job.gone();
+    let rank1 = journal(&j, 1);
+    let mut bytes = std::fs::read(&rank1).unwrap();
+    bytes[0] ^= 1;
+    bytes.extend_from_slice(b"more\n");
+    std::fs::write(&rank1, &bytes).unwrap();
+    let snap = images.to_str().unwrap();
+    let out = criu_gpu(&sim, &c, &["restore", snap, "--truncate-grown"], &[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("are not what they were"), "{t}");
+    assert_eq!(std::fs::read(&rank1).unwrap(), bytes, "nothing touched");
+    assert!(
+        !t.contains("cut "),
+        "no file is cut when the restore is refused: {t}"
+    );
 }

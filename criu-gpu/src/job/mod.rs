@@ -6,6 +6,7 @@
 //! ([`record`]). Plain `criu dump` and `criu restore` are unchanged.
 
 pub mod facts;
+pub mod files;
 pub mod plan;
 pub mod progress;
 pub mod record;
@@ -166,6 +167,14 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
     if leave_running {
         args.push("--leave-running".into());
     }
+    // The job's files, recorded while it is frozen, for a restore after it went on (files.rs):
+    // CRIU runs criu-gpu itself as its action script.
+    let me = std::env::current_exe().map_err(|source| JobError::Io {
+        what: "finding criu-gpu's own path for CRIU's action script".into(),
+        source,
+    })?;
+    args.push("--action-script".into());
+    args.push(me.display().to_string());
     args.extend(r.extra.iter().cloned());
     let mut command = vec![criu.display().to_string()];
     command.extend(args.iter().cloned());
@@ -210,6 +219,19 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
         dumped_at: now(),
     }
     .write(&r.dir)?;
+    match files::FilesRecord::read(&r.dir) {
+        Ok(Some(f)) => out::line(format!(
+            "recorded the job's {} open file(s) for a later restore ({} hashed in {:.3} s while \
+             the job was frozen)",
+            f.files.len(),
+            crate::human::bytes(f.hashed_bytes),
+            f.hash_seconds
+        )),
+        _ => out::line(
+            "warning: the job's open files were not recorded (see CRIU's log): a restore after \
+             they changed names them but cannot cut them back",
+        ),
+    }
     let bytes = dir_bytes(&r.dir);
     out::line(format!(
         "dumped {} process(es) into {} in {:.1} s: {} of images ({})",
@@ -227,6 +249,66 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
         image_bytes: Some(bytes),
         restored_root: None,
     })
+}
+
+/// `criu-gpu` as CRIU's action script (`action` from CRTOOLS_SCRIPT_ACTION): at post-dump, while
+/// the job is frozen, records the job's files in the image directory (CRTOOLS_IMAGE_DIR). It
+/// never fails the dump: what it cannot record is said on stderr (CRIU's) and left out.
+pub fn action_script(action: &str) {
+    if action != "post-dump" {
+        return;
+    }
+    let Some(dir) = std::env::var_os("CRTOOLS_IMAGE_DIR").map(PathBuf::from) else {
+        eprintln!("criu-gpu: no CRTOOLS_IMAGE_DIR: the job's files were not recorded");
+        return;
+    };
+    match files::record(&dir) {
+        Ok(rec) => eprintln!(
+            "criu-gpu: recorded the job's {} file(s) for a later restore ({} hashed in {:.3} s \
+             while the job was frozen)",
+            rec.files.len(),
+            crate::human::bytes(rec.hashed_bytes),
+            rec.hash_seconds
+        ),
+        Err(e) => eprintln!("criu-gpu: the job's files were not recorded: {e}"),
+    }
+}
+
+/// The files the job had open that changed since the snapshot: a problem each, unless it only
+/// grew and `truncate` lets it be cut back.
+fn file_problems(dir: &Path, truncate: bool, plan: &mut Plan) {
+    let changes = match files::changes(dir) {
+        Ok(c) => c,
+        Err(e) => {
+            plan.problems.push(Problem {
+                what: format!("the record of the job's files cannot be read: {e}"),
+                fix: String::new(),
+            });
+            return;
+        }
+    };
+    for (path, change) in changes {
+        let what = change.describe(&path);
+        if change.can_cut_back() && truncate {
+            plan.notes
+                .push(format!("{what}: cut back to its size at the snapshot"));
+        } else if change.can_cut_back() {
+            plan.problems.push(Problem {
+                what,
+                fix: "its first bytes are as they were: `criu-gpu restore --truncate-grown` cuts \
+                      it back to its size at the snapshot (CRIU restores a file only at that \
+                      size)"
+                    .into(),
+            });
+        } else {
+            plan.problems.push(Problem {
+                what,
+                fix: "put the file back as it was at the snapshot: CRIU restores the job only \
+                      with its files as they were"
+                    .into(),
+            });
+        }
+    }
 }
 
 /// What stops a restore of `rec` on this host: pids and listening addresses in use.
@@ -298,14 +380,23 @@ fn holder(inode: u64) -> String {
         })
 }
 
-/// Restores the job dumped into `r.dir`, onto the GPUs of `device_map` if given.
-pub fn restore(device_map: Option<&str>, r: &Request) -> Result<Outcome, JobError> {
+/// How a restore treats what changed since the dump.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreHow {
+    /// Onto other GPUs: OLD=NEW[,...] or `auto`.
+    pub device_map: Option<String>,
+    /// Cut files that only grew since the snapshot back to their size then.
+    pub truncate_grown: bool,
+}
+
+/// Restores the job dumped into `r.dir`.
+pub fn restore(how: &RestoreHow, r: &Request) -> Result<Outcome, JobError> {
     let criu = criu(r)?;
     let rec =
         JobRecord::read(&r.dir)?.ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
     let mut env = Vec::new();
-    if let Some(map) = device_map {
-        env.push(("CRIU_GPU_DEVICE_MAP".to_owned(), map.to_owned()));
+    if let Some(map) = &how.device_map {
+        env.push(("CRIU_GPU_DEVICE_MAP".to_owned(), map.clone()));
         // The node check below reads the settings the plugin will read.
         std::env::set_var("CRIU_GPU_DEVICE_MAP", map);
     }
@@ -315,6 +406,7 @@ pub fn restore(device_map: Option<&str>, r: &Request) -> Result<Outcome, JobErro
         problems: restore_problems(&rec),
         notes: Vec::new(),
     };
+    file_problems(&r.dir, how.truncate_grown, &mut plan);
     criu_gpu_image::settings::export_file_settings();
     if let Err(e) = criu_gpu_image::node::check(&r.dir, false) {
         plan.problems.push(Problem {
@@ -358,6 +450,20 @@ pub fn restore(device_map: Option<&str>, r: &Request) -> Result<Outcome, JobErro
             image_bytes: None,
             restored_root: None,
         });
+    }
+    if how.truncate_grown {
+        let cut = files::cut_back(&r.dir).map_err(|e| JobError::Io {
+            what: "cutting the job's files back".into(),
+            source: std::io::Error::other(e),
+        })?;
+        for (path, change) in cut {
+            if let files::Change::Grew { from, to } = change {
+                out::line(format!(
+                    "cut {} back from {to} to {from} bytes",
+                    path.display()
+                ));
+            }
+        }
     }
     out::line(format!("running: {}", command.join(" ")));
     let pidfile = r.dir.join("restore.pid");

@@ -21,6 +21,8 @@ pub enum Event {
         done: f64,
         of: Option<f64>,
     },
+    /// A process's pages are planned, to be copied while criu goes on (patch 0006): GiB.
+    Planned { key: String, of: f64 },
     /// A process's pages are all written or read.
     PagesDone { key: String, line: String },
     /// An error line of CRIU's or the plugin's.
@@ -50,18 +52,26 @@ pub fn parse(line: &str) -> Option<Event> {
     // Per process, done: "pages: pid N: wrote X GiB in T s, ..." / "... read X GiB in T s, ...".
     if let Some(r) = rest.strip_prefix(": pid ") {
         let (pid, what) = r.split_once(": ")?;
+        // "planned 8.00 GiB in 0.40 s, to be copied while criu goes on"
+        if let Some(p) = what.strip_prefix("planned ") {
+            return Some(Event::Planned {
+                key: format!("pid {pid}"),
+                of: p.split_whitespace().next()?.parse().ok()?,
+            });
+        }
         if what.contains(" in ") && !what.contains(" of ") {
             return Some(Event::PagesDone {
                 key: format!("pid {pid}"),
                 line: what.to_owned(),
             });
         }
-        // "wrote 1.5 of at most 8.0 GiB, 3.2 GB/s"
+        // "wrote 1.5 of at most 8.0 GiB, 3.2 GB/s", "copied 1.5 of 8.0 GiB, 3.2 GB/s, ..."
         let mut words = what.split_whitespace().skip(1);
         let done: f64 = words.next()?.parse().ok()?;
         let of = what
-            .split(" of at most ")
+            .split(" of ")
             .nth(1)
+            .map(|t| t.trim_start_matches("at most "))
             .and_then(|t| t.split_whitespace().next()?.parse().ok());
         return Some(Event::Pages {
             key: format!("pid {pid}"),
@@ -127,10 +137,20 @@ impl Progress {
                 self.pages.remove(&key);
                 self.say(&format!("pages of {key}: {line}"));
             }
+            Event::Planned { key, of } => {
+                self.pages.insert(key.clone(), (0.0, Some(of)));
+                self.say(&format!(
+                    "pages of {key}: {of:.2} GiB planned, copied while criu goes on"
+                ));
+            }
             Event::Pages { key, done, of } => {
-                self.pages.insert(key, (done, of));
+                self.pages.insert(key.clone(), (done, of));
                 if self.live {
                     self.draw();
+                } else {
+                    // CRIU writes these every 2 s: a line each is not too many.
+                    let of = of.map_or(String::new(), |o| format!(" of {o:.1}"));
+                    self.say(&format!("pages of {key}: {done:.1}{of} GiB"));
                 }
             }
             Event::Error(t) => self.errors.push(t),
@@ -190,6 +210,28 @@ mod tests {
         );
         assert!(matches!(
             parse("(04.0) pages: pid 12: wrote 8.00 GiB in 2.40 s, 3.58 GB/s, 16 threads"),
+            Some(Event::PagesDone { .. })
+        ));
+        // Patch 0006: planned, copied while criu goes on, done.
+        assert_eq!(
+            parse(
+                "(01.0) pages: pid 12: planned 8.00 GiB in 0.40 s, to be copied while criu goes on"
+            ),
+            Some(Event::Planned {
+                key: "pid 12".into(),
+                of: 8.0
+            })
+        );
+        assert_eq!(
+            parse("(03.0) pages: pid 12: copied 2.5 of 8.0 GiB, 3.90 GB/s, while criu goes on"),
+            Some(Event::Pages {
+                key: "pid 12".into(),
+                done: 2.5,
+                of: Some(8.0)
+            })
+        );
+        assert!(matches!(
+            parse("(05.0) pages: pid 12: copied 8.00 GiB in 2.10 s, 4.09 GB/s, 4 threads, while criu went on"),
             Some(Event::PagesDone { .. })
         ));
         assert_eq!(

@@ -12,6 +12,7 @@ use cuda_checkpoint_ctl::inventory::Inventory;
 use cuda_checkpoint_ctl::process;
 
 use super::agent::{GpuDriver, Machine};
+use super::lineage::Lineage;
 use super::proto::Level;
 
 /// The guardian's log file in the image directory.
@@ -20,13 +21,16 @@ pub const LOG_FILE: &str = "gpu-guardian.log";
 pub struct Real {
     driver: OnceLock<Result<Driver, String>>,
     image_dir: Option<OwnedFd>,
+    /// Restore: what the watched CRIU creates.
+    lineage: Option<Lineage>,
 }
 
 impl Real {
-    pub fn new(image_dir: Option<OwnedFd>) -> Real {
+    pub fn new(image_dir: Option<OwnedFd>, lineage: Option<Lineage>) -> Real {
         Real {
             driver: OnceLock::new(),
             image_dir,
+            lineage,
         }
     }
 }
@@ -80,17 +84,17 @@ impl Machine for Real {
         );
     }
 
-    fn descendants(&self, pid: i32) -> Vec<(i32, u64)> {
-        process::tree(pid)
-            .into_iter()
-            .filter(|p| *p != pid)
-            .filter_map(|p| Some((p, process::starttime(p)?)))
-            .collect()
+    fn created(&self) -> Vec<(i32, i32)> {
+        self.lineage
+            .as_ref()
+            .map(Lineage::alive)
+            .unwrap_or_default()
     }
 
-    fn started_since_me(&self, pid: i32) -> Option<u64> {
-        let mine = process::starttime(std::process::id() as i32)?;
-        process::starttime(pid).filter(|st| *st >= mine)
+    fn kill_created(&self, pid: i32) {
+        if let Some(l) = &self.lineage {
+            l.kill(pid);
+        }
     }
 
     fn thp(&self) -> Option<criu_gpu_image::thp::Thp> {

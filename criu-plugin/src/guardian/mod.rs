@@ -12,6 +12,7 @@
 //! thread, with a deadline; log lines the guardian sends are written into CRIU's log there.
 
 pub mod agent;
+pub mod lineage;
 pub mod machine;
 pub mod proto;
 mod sys;
@@ -64,9 +65,27 @@ impl Guardian {
     /// called while CRIU runs a single thread (hooks run on it; the plugin's own threads are
     /// all joined by then).
     pub fn fork(watch: Watch, image_dir: Option<OwnedFd>) -> Result<Guardian, GuardianError> {
-        let keep: Vec<RawFd> = image_dir.iter().map(|d| d.as_raw_fd()).collect();
+        // A restore's forks are followed from before the first one (the guardian's own).
+        let events = match watch {
+            Watch::Restore => lineage::subscribe()
+                .inspect_err(|e| {
+                    tracing::debug!(
+                        "no process events from the kernel ({e}): the restored processes are \
+                         followed through /proc"
+                    )
+                })
+                .ok(),
+            Watch::Dump => None,
+        };
+        let keep: Vec<RawFd> = image_dir
+            .iter()
+            .chain(events.iter())
+            .map(|d| d.as_raw_fd())
+            .collect();
         let (link, pid) = sys::spawn(&keep, move |link, criu, criu_pid| {
-            let machine = std::sync::Arc::new(machine::Real::new(image_dir));
+            let lineage =
+                (watch == Watch::Restore).then(|| lineage::Lineage::follow(events, criu_pid));
+            let machine = std::sync::Arc::new(machine::Real::new(image_dir, lineage));
             if let Ok(agent) = agent::Agent::new(watch, machine, link, criu, criu_pid) {
                 agent.run();
             }

@@ -84,6 +84,8 @@ pub enum Act {
         timeout_ms: u32,
     },
     Checkpoint,
+    /// Unlock a process locked by this dump (a round of locks that did not lock every process).
+    Unlock,
     /// Restore (onto the GPUs of `pairs`, empty: the same ones), then unlock if asked.
     Resume {
         pairs: Vec<(GpuUuid, GpuUuid)>,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{ArgGroup, Parser, ValueEnum};
+use cuda_checkpoint_ctl::ops::rounds::Rounds;
 
 use cuda_checkpoint_ctl::driver::Call;
 
@@ -93,9 +94,14 @@ pub struct Args {
     #[arg(long)]
     pub all: bool,
 
-    /// Lock timeout in milliseconds.
+    /// Lock timeout in milliseconds: how long locking may take (a group locked in rounds: all
+    /// the rounds; default 30 s then).
     #[arg(short, long, value_name = "MS")]
     pub timeout: Option<u64>,
+    /// A group is locked in rounds until one round locks every process at once: auto (NCCL
+    /// ranks, which wait for each other on the GPU), on (any group), off (one lock each).
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = parse_rounds)]
+    pub lock_rounds: Rounds,
     /// Restore onto other GPUs: OLD_UUID=NEW_UUID[,...] (completed with this machine's GPUs),
     /// or 'auto'.
     #[arg(short, long, value_name = "MAP")]
@@ -123,6 +129,10 @@ pub struct Args {
     /// More log output (repeat for more).
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
+}
+
+fn parse_rounds(s: &str) -> Result<Rounds, String> {
+    Rounds::parse(s).ok_or_else(|| format!("{s}: expected auto, on or off"))
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

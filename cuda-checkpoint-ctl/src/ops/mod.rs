@@ -7,7 +7,9 @@
 //! A process whose CUDA driver thread cannot run (stopped, traced, frozen) is refused before
 //! any call that would wait for it ([`Target::ready`]).
 
+mod group;
 mod recover;
+pub mod rounds;
 mod target;
 
 use std::time::Duration;
@@ -191,6 +193,8 @@ pub struct Options {
     /// The longest one driver call may take; `None` waits as long as the driver does (as
     /// `cuda-checkpoint` does).
     pub wait: Option<Duration>,
+    /// Whether a suspended group is locked in rounds (NCCL ranks wait for each other).
+    pub rounds: rounds::Rounds,
 }
 
 /// The result of one process's transition.
@@ -354,6 +358,9 @@ fn action(target: &Target, call: Call, opts: &Options, t: &mut Timings) -> Resul
 /// Applies `goal` to every process concurrently. With `all_or_nothing`, if any suspension
 /// fails the processes that were suspended are resumed again, so the group stays consistent.
 pub fn apply_all(driver: &Driver, pids: &[i32], goal: &Goal, opts: &Options) -> Vec<Outcome> {
+    if let Some(outcomes) = group::suspend_in_rounds(driver, pids, goal, opts) {
+        return outcomes;
+    }
     let mut outcomes = in_parallel(pids, |pid| apply(driver, pid, goal, opts));
     let suspending = |o: &Outcome| {
         matches!(goal, Goal::Suspend)

@@ -227,6 +227,11 @@ pub fn starttime(pid: i32) -> Option<u64> {
     )
 }
 
+/// The parent process.
+pub fn parent(pid: i32) -> Option<i32> {
+    Some(status(pid)?.ppid)
+}
+
 /// An exited process not yet reaped.
 pub fn is_zombie(pid: i32) -> bool {
     procfs::process::Process::new(pid)

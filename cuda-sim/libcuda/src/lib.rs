@@ -272,6 +272,19 @@ pub extern "C" fn cuSimLaunchBusyKernel(ms: c_uint, _stream: *mut c_void) -> CUr
 
 // ---- the checkpoint API (controller side) ----
 
+/// Simulation only: step `seq` of a collective among the `ranks` processes of `group`, after `ms`
+/// of compute (an NCCL all_reduce in small).
+#[no_mangle]
+pub extern "C" fn cuSimLaunchCollective(
+    group: u64,
+    seq: u64,
+    ranks: c_uint,
+    ms: c_uint,
+    _stream: *mut c_void,
+) -> CUresult {
+    ret(|| target::api(|rt| rt.collective(group, seq, ranks, ms)))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(
     pid: c_int,

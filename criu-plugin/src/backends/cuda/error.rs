@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use cuda_checkpoint_ctl::driver::ProcessState;
 use cuda_checkpoint_ctl::nccl::{self, Transport};
+use cuda_checkpoint_ctl::ops::rounds;
 
 use crate::guardian::proto::DriverFailure;
 
@@ -133,8 +134,12 @@ pub enum DumpError {
          criu --timeout; nothing was locked"
     )]
     NoTime { left: Duration },
-    #[error("{}", locks(.failures))]
-    Locks { failures: Vec<(Who, LockFailure)> },
+    #[error("{}", locks(.failures, .rounds))]
+    Locks {
+        failures: Vec<(Who, LockFailure)>,
+        /// Locked in rounds: how many processes, and what the rounds took.
+        rounds: Option<(usize, rounds::Report)>,
+    },
     #[error(
         "CUDA {who} was stopped by signal {signal} between its lock and CRIU's seize (Ctrl-Z?); \
          a stopped CUDA process would be restored into a wait that never ends, so the dump is \
@@ -151,7 +156,7 @@ pub enum DumpError {
 }
 
 /// Why a lock did not take.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum LockFailure {
     /// The driver gave up waiting for submitted GPU work.
     GaveUp {
@@ -163,6 +168,8 @@ pub enum LockFailure {
         waited: Duration,
     },
     Driver(DriverFailure),
+    /// Locked in a round that did not lock every process, and not unlocked again.
+    NotUnlocked(String),
 }
 
 /// Why a checkpoint or restore of one process failed.
@@ -185,7 +192,7 @@ fn list(ws: &[Who]) -> String {
     }
 }
 
-fn locks(failures: &[(Who, LockFailure)]) -> String {
+fn locks(failures: &[(Who, LockFailure)], rounds: &Option<(usize, rounds::Report)>) -> String {
     let mut parts = Vec::new();
     for (who, f) in failures {
         parts.push(match f {
@@ -194,14 +201,21 @@ fn locks(failures: &[(Who, LockFailure)]) -> String {
                     "GPU work in {who} did not finish within {} ms, so it could not be locked",
                     waited.as_millis()
                 );
-                if *nccl {
-                    s.push_str(
+                match (rounds, nccl) {
+                    (Some((n, r)), _) => s.push_str(&format!(
+                        " in the last of {} rounds of locking the {n} CUDA processes at once \
+                         ({:.1} s in all: each round unlocks the locked ones so that their peers' \
+                         collectives can finish)",
+                        r.rounds,
+                        r.elapsed.as_secs_f64()
+                    )),
+                    (None, true) => s.push_str(
                         ". It uses NCCL: a rank waiting in a collective for a rank that is \
                          already locked never finishes its GPU work. All ranks of the tree were \
-                         locked at once; if this repeats, suspend the communicators in the \
-                         application (ncclCommSuspend, NCCL >= 2.29.7) before the dump, or use a \
-                         driver release that checkpoints NCCL jobs",
-                    );
+                         locked at once, in one round (CRIU_GPU_LOCK_ROUNDS=0?); locking them in \
+                         rounds finds a moment when all can be locked",
+                    ),
+                    (None, false) => {}
                 }
                 s
             }
@@ -211,12 +225,21 @@ fn locks(failures: &[(Who, LockFailure)]) -> String {
                 waited.as_millis()
             ),
             LockFailure::Driver(e) => format!("locking {who} failed: {e}"),
+            LockFailure::NotUnlocked(e) => format!(
+                "{who}, locked in a round that did not lock every process, could not be \
+                 unlocked again: {e}"
+            ),
         });
     }
+    let fix = if rounds.is_some() {
+        "Retry, or give the rounds more time: raise criu --timeout (the rounds stay within \
+         criu's seize time, or CRIU_GPU_LOCK_TIMEOUT_MS where it is set)"
+    } else {
+        "Retry, or let locks wait longer: CRIU_GPU_LOCK_TIMEOUT_MS, with criu --timeout above it \
+         (locks must fit in criu's seize time)"
+    };
     format!(
-        "{}. The dump is abandoned and every CUDA process is put back as it was. Retry, or let \
-         locks wait longer: CRIU_GPU_LOCK_TIMEOUT_MS, with criu --timeout above it (locks must \
-         fit in criu's seize time)",
+        "{}. The dump is abandoned and every CUDA process is put back as it was. {fix}",
         parts.join("; ")
     )
 }

@@ -18,17 +18,21 @@ impl Agent {
         self.out.close();
         let criu = self.criu_pid;
         match (self.watch, self.phase) {
+            // The plugin's `exit` ran: CRIU failed the restore itself and killed what it made.
+            (Watch::Restore, _) if self.bye => {}
             (Watch::Restore, Phase::Working) => {
-                for &pid in &self.expected {
-                    if let Some(st) = self.machine.started_since_me(pid) {
-                        self.tree.insert((pid, st));
-                    }
-                }
+                // What this CRIU created, and of that what the images name: never a process of
+                // another restore that took the same pids.
                 let alive: Vec<(i32, u64)> = self
-                    .tree
-                    .iter()
-                    .copied()
-                    .filter(|(p, st)| self.machine.alive(*p, *st))
+                    .machine
+                    .created()
+                    .into_iter()
+                    .filter(|(pid, ns)| {
+                        self.expected.is_empty()
+                            || self.expected.contains(ns)
+                            || self.tree.contains(pid)
+                    })
+                    .map(|(pid, _)| (pid, 0))
                     .collect();
                 if alive.is_empty() {
                     return;
@@ -37,13 +41,13 @@ impl Agent {
                     Level::Error,
                     format!(
                         "CRIU (pid {criu}) ended in the middle of a restore, before the GPU state \
-                         was back: killing the half-restored processes {}; the images are \
-                         unchanged: restore again",
+                         was back: killing the half-restored processes it created, {}; the \
+                         images are unchanged: restore again",
                         pids(&alive)
                     ),
                 );
                 for (pid, _) in alive.iter().rev() {
-                    self.machine.kill(*pid);
+                    self.machine.kill_created(*pid);
                 }
             }
             (Watch::Restore, _) => {}

@@ -51,11 +51,11 @@ pub trait Machine: Send + Sync + 'static {
     /// Whether `pid` is still the process that started at `starttime` (not a reused pid).
     fn alive(&self, pid: i32, starttime: u64) -> bool;
     fn kill(&self, pid: i32);
-    /// The descendants of `pid` with their start times.
-    fn descendants(&self, pid: i32) -> Vec<(i32, u64)>;
-    /// `pid`'s start time if it started no earlier than this process (not an older process
-    /// that happens to have that pid).
-    fn started_since_me(&self, pid: i32) -> Option<u64>;
+    /// Restore: the processes the watched CRIU created that are still alive, with their pids
+    /// in their own pid namespace ([`super::lineage`]).
+    fn created(&self) -> Vec<(i32, i32)>;
+    /// Kills a process the watched CRIU created, and no other that has its pid now.
+    fn kill_created(&self, pid: i32);
     /// Where the guardian writes when CRIU is gone: syslog and the image directory's log.
     fn record(&self, level: Level, line: &str);
     /// The node's huge page policy, if the guardian may change it.
@@ -160,9 +160,9 @@ pub struct Agent {
     criu_pid: i32,
     tracked: BTreeMap<i32, Tracked>,
     phase: Phase,
-    /// Restore: the restored tree as seen so far, killed if CRIU dies before the GPU state is back.
-    tree: BTreeSet<(i32, u64)>,
-    /// Restore: pids the restored processes will have.
+    /// Restore: the restored tree as RESUME_DEVICES_LATE found it.
+    tree: BTreeSet<i32>,
+    /// Restore: the pids (in their own namespace) the image's processes will have.
     expected: Vec<i32>,
     bye: bool,
     /// The rollback the plugin asked for has reported every process.
@@ -221,17 +221,7 @@ impl Agent {
                 );
                 return;
             }
-            // Watching a restore, CRIU's new children are looked for often: a restore of a small
-            // tree is done in tens of milliseconds.
-            let tick = if self.watch == Watch::Restore {
-                20
-            } else {
-                100
-            };
-            let (order_waiting, criu_gone) = self.wait(Duration::from_millis(tick));
-            if self.watch == Watch::Restore && self.phase == Phase::Working {
-                self.tree.extend(self.machine.descendants(self.criu_pid));
-            }
+            let (order_waiting, criu_gone) = self.wait(Duration::from_millis(100));
             if criu_gone {
                 self.drain(&mut buf);
                 self.criu_gone();
@@ -404,7 +394,7 @@ impl Agent {
                 });
             }
             Order::Commit => self.phase = Phase::Committed,
-            Order::Restoring { tree } => self.tree.extend(tree),
+            Order::Restoring { tree } => self.tree.extend(tree.iter().map(|(p, _)| *p)),
             Order::Expect { pids } => self.expected = pids,
             Order::Restored => self.phase = Phase::Restored,
             Order::RaiseThp { seq, want } => {

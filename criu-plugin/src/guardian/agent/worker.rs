@@ -107,6 +107,10 @@ impl Worker {
                 .checkpoint(pid)
                 .map(|()| Answer::Done)
                 .map_err(|e| failure(Op::Checkpoint, e)),
+            Act::Unlock => driver
+                .unlock(pid)
+                .map(|()| Answer::Done)
+                .map_err(|e| failure(Op::Unlock, e)),
             Act::Resume { pairs, unlock } => {
                 let map = DeviceMap::new(pairs.clone()).map_err(|e| DriverFailure {
                     op: Op::Restore,

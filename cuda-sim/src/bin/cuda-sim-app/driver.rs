@@ -21,6 +21,7 @@ pub struct Cuda {
     synchronize: unsafe extern "C" fn() -> Res,
     error_name: unsafe extern "C" fn(Res, *mut *const c_char) -> Res,
     busy_kernel: Option<unsafe extern "C" fn(c_uint, *mut c_void) -> Res>,
+    collective: Option<unsafe extern "C" fn(u64, u64, c_uint, c_uint, *mut c_void) -> Res>,
     _lib: Library,
 }
 
@@ -47,6 +48,7 @@ impl Cuda {
             synchronize: sym(&lib, "cuCtxSynchronize")?,
             error_name: sym(&lib, "cuGetErrorName")?,
             busy_kernel: sym(&lib, "cuSimLaunchBusyKernel").ok(),
+            collective: sym(&lib, "cuSimLaunchCollective").ok(),
             _lib: lib,
         })
     }
@@ -126,6 +128,19 @@ impl Cuda {
             }),
             None => Err(anyhow!(
                 "this driver has no busy kernel (not the simulation)"
+            )),
+        }
+    }
+
+    /// Step `seq` of a collective among `ranks` processes of `group`, after `ms` of compute.
+    pub fn collective(&self, group: u64, seq: u64, ranks: u32, ms: u32) -> Result<()> {
+        match self.collective {
+            // SAFETY: plain call on the default stream.
+            Some(f) => self.check("cuSimLaunchCollective", unsafe {
+                f(group, seq, ranks, ms, std::ptr::null_mut())
+            }),
+            None => Err(anyhow!(
+                "this driver has no collectives (not the simulation)"
             )),
         }
     }

@@ -8,7 +8,9 @@
 //! leaves on its port is what kept a real job's listener from being restored (CRIU patch 0005).
 //! Every step each rank writes its slot of the file, sends the step and its slot's hash to the
 //! next rank and checks what the previous one sent against the previous slot: a job restored with
-//! a connection, a byte of the file or a step lost says so.
+//! a connection, a byte of the file or a step lost says so. With `--collective-ms`, each step also
+//! launches a collective kernel that waits on the GPU for every rank's (an all_reduce): a rank
+//! locked before it launched its part leaves its peers' kernels waiting, as NCCL's do.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -23,7 +25,9 @@ const HEADER: usize = 4096;
 
 pub struct Rank {
     pub rank: usize,
-    ranks: usize,
+    pub ranks: usize,
+    /// The job's collectives on the GPU.
+    pub group: u64,
     file: SharedFile,
     slot: usize,
     next: TcpStream,
@@ -39,16 +43,22 @@ pub struct Plan {
     pub ranks: usize,
     pub store_port: u16,
     file: SharedFile,
+    group: u64,
 }
 
 impl Plan {
     pub fn new(ranks: usize, store_port: u16, shm_mib: usize) -> Result<Plan> {
         let name = format!("/dev/shm/cuda-sim-job-{}", std::process::id());
         let file = SharedFile::create_unlinked(&name, HEADER + shm_mib.max(1) * (1 << 20))?;
+        // Unique to this job on the GPU daemon: the parent's pid and the time it started.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
         Ok(Plan {
             ranks,
             store_port,
             file,
+            group: (std::process::id() as u64) << 32 ^ nanos,
         })
     }
 
@@ -83,6 +93,7 @@ impl Plan {
         Ok(Rank {
             rank,
             ranks: n,
+            group: self.group,
             file: self.file,
             slot,
             next,

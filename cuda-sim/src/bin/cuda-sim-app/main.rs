@@ -67,6 +67,18 @@ struct Args {
     /// The job's shared file, in MiB.
     #[arg(long, default_value_t = 4)]
     shm_mib: usize,
+    /// Each step of a job also launches a collective of all ranks that computes this long on
+    /// the GPU before it waits for the others (0: none).
+    #[arg(long, default_value_t = 0)]
+    collective_ms: u32,
+    /// Also write a line per step to this file, held open for the whole run as a training
+    /// job's log is (opened as Python's open(path, "w") does; ranks: PATH.rankN).
+    #[arg(long)]
+    journal: Option<String>,
+    /// A rank waits before each step while the file PATH.rankN exists (a slow host-side step:
+    /// its peers' collectives wait for it meanwhile).
+    #[arg(long)]
+    hold: Option<String>,
 }
 
 fn log_line(path: &str, line: &str) {
@@ -109,6 +121,13 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
         ),
         None => None,
     };
+    let mut journal = match (&args.journal, &rank) {
+        (Some(j), Some(r)) => Some(format!("{j}.rank{}", r.rank)),
+        (Some(j), None) => Some(j.clone()),
+        (None, _) => None,
+    }
+    .map(|p| std::fs::File::create(&p).with_context(|| format!("creating {p}")))
+    .transpose()?;
     let cuda = driver::Cuda::load(&args.lib)?;
     cuda.init()?;
     let count = cuda.device_count()?;
@@ -130,6 +149,12 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
     let mut step = 0u64;
     loop {
         step += 1;
+        if let (Some(hold), Some(r)) = (&args.hold, &rank) {
+            let file = format!("{hold}.rank{}", r.rank);
+            while std::path::Path::new(&file).exists() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         let r = (step as usize) % regions;
         let (lo, hi) = (r * region, ((r + 1) * region).min(words));
         let value = xorshift(&mut rng);
@@ -137,6 +162,9 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
         expect[lo..hi].fill(value);
         if args.busy_ms > 0 {
             cuda.busy(args.busy_ms)?;
+        }
+        if let (Some(r), true) = (&rank, args.collective_ms > 0) {
+            cuda.collective(r.group, step, r.ranks as u32, args.collective_ms)?;
         }
         cuda.synchronize()?;
         cuda.dtoh(&mut seen, dptr)?;
@@ -166,6 +194,9 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
                 fnv(&seen)
             ),
         );
+        if let Some(j) = &mut journal {
+            writeln!(j, "step {step} fnv {:016x}", fnv(&seen)).context("journal")?;
+        }
         if args.steps > 0 && step >= args.steps {
             log_line(&args.log, &format!("done pid={pid}"));
             return Ok(());

@@ -10,6 +10,7 @@
 
 mod checkpoint;
 mod finish;
+mod lock;
 mod pause;
 
 use std::collections::{BTreeMap, BTreeSet};

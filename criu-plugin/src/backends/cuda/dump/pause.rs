@@ -7,12 +7,11 @@ use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
 
-use super::{Ctx, Dump, Phase, Proc};
-use crate::backends::cuda::error::{ActionFailure, DumpError, LockFailure, Who};
+use super::{Dump, Phase, Proc};
+use crate::backends::cuda::error::{ActionFailure, DumpError, Who};
 use crate::backends::cuda::INVENTORY_NAME;
 use crate::core::{stats, HookError, HookResult, Host, Stage, Verdict};
 use crate::guardian::proto::{Act, Answer, Order};
-use crate::guardian::Guardian;
 
 impl Dump {
     /// Checks which of `candidates` hold CUDA state and that they can be locked, and locks the
@@ -167,94 +166,5 @@ impl Dump {
         } else {
             Verdict::NotMine
         })
-    }
-}
-
-impl Ctx {
-    /// Locks the running processes of `found` at once, within `deadline` (the driver's own
-    /// timeout) and `hard` (CRIU's alarm).
-    fn lock(
-        &self,
-        g: &mut Guardian,
-        found: &[Proc],
-        deadline: Instant,
-        hard: Instant,
-    ) -> Result<(), HookError> {
-        let running: Vec<&Proc> = found
-            .iter()
-            .filter(|p| p.initial == ProcessState::Running)
-            .collect();
-        if running.is_empty() {
-            return Ok(());
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left < Duration::from_millis(100) {
-            return Err(HookError::gpu(DumpError::NoTime { left }));
-        }
-        let timeout = match self.settings.millis("CRIU_GPU_LOCK_TIMEOUT_MS")? {
-            Some(want) if want > left => {
-                tracing::warn!(
-                    "CRIU_GPU_LOCK_TIMEOUT_MS={} is more than criu's seize time leaves ({} ms): \
-                     locks wait {} ms; raise criu --timeout to let them wait longer",
-                    want.as_millis(),
-                    left.as_millis(),
-                    left.as_millis()
-                );
-                left
-            }
-            Some(want) => want,
-            None => left,
-        };
-        let parallel = self.settings.flag("CRIU_GPU_PARALLEL")?.unwrap_or(true);
-        let start = Instant::now();
-        // Past the driver's own timeout the call is stuck (a driver thread that stopped).
-        let wait_until = (start + timeout + Duration::from_millis(300)).min(hard);
-        let ms = timeout.as_millis().clamp(1, u32::MAX as u128) as u32;
-        let mut seqs = Vec::new();
-        for p in &running {
-            let seq = g.act(p.who.pid, Act::Lock { timeout_ms: ms })?;
-            if !parallel {
-                g.wait_all(&[seq], wait_until, &mut || {})?;
-            }
-            seqs.push(seq);
-        }
-        g.wait_all(&seqs, wait_until, &mut || {})?;
-        let mut failures = Vec::new();
-        for (p, seq) in running.iter().zip(&seqs) {
-            let failure = match g.take(*seq) {
-                Some(Ok(_)) => continue,
-                Some(Err(e)) if e.lock_gave_up() => LockFailure::GaveUp {
-                    waited: timeout,
-                    nccl: p.nccl,
-                },
-                Some(Err(e)) => LockFailure::Driver(e),
-                None => LockFailure::Stuck {
-                    waited: start.elapsed(),
-                },
-            };
-            failures.push((p.who.clone(), failure));
-        }
-        if !failures.is_empty() {
-            return Err(HookError::gpu(DumpError::Locks { failures }));
-        }
-        tracing::info!(
-            "locked {} CUDA process(es) {} in {:.1} ms",
-            running.len(),
-            if parallel {
-                "at once"
-            } else {
-                "one after another (CRIU_GPU_PARALLEL=0)"
-            },
-            start.elapsed().as_secs_f64() * 1e3
-        );
-        let left = hard.saturating_duration_since(Instant::now());
-        if left < Duration::from_secs(2) {
-            tracing::warn!(
-                "the GPU locks took most of criu's seize time ({} ms left to seize the tree); if \
-                 criu reports \"Timeout reached\", the GPU locks took it: raise criu --timeout",
-                left.as_millis()
-            );
-        }
-        Ok(())
     }
 }

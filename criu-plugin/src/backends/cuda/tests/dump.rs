@@ -142,6 +142,83 @@ fn a_lock_that_gives_up_names_the_process_and_the_fix() {
     assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R));
 }
 
+/// Two NCCL ranks; the locks of `giving_up` give up that many times each.
+fn ranks(giving_up: &[(i32, u32)]) -> World {
+    let w = World::new(&[(10, R), (11, R)], &[]).set("CRIU_GPU_NCCL_CHECK", "0");
+    w.tree.0.lock().unwrap().nccl.extend([10, 11]);
+    w.gpu.m().gives_up.extend(giving_up.iter().copied());
+    w
+}
+
+#[test]
+fn ranks_are_locked_in_rounds_until_one_locks_them_all() {
+    let w = ranks(&[(11, 2), (10, 1)]);
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    let calls = w.gpu.m().calls.clone();
+    // Round 1: 10 and 11 give up; round 2: 10 locks, 11 gives up, 10 is unlocked; round 3.
+    assert_eq!(
+        calls.iter().filter(|c| *c == "Unlock 10").count(),
+        1,
+        "{calls:?}"
+    );
+    assert!(calls.iter().any(|c| c == "Checkpoint 11"), "{calls:?}");
+    let t = w.gpu.m().lock_timeouts.clone();
+    assert_eq!(t.len(), 6, "three rounds of two locks: {t:?}");
+    assert!(t[0] < t[2] && t[2] < t[4], "each round waits longer: {t:?}");
+    c.exit(&w.host, Stage::Dump, true);
+}
+
+#[test]
+fn with_rounds_off_ranks_are_locked_once_and_a_rank_that_waits_fails_the_dump() {
+    let w = ranks(&[(11, 1)]).set("CRIU_GPU_LOCK_ROUNDS", "0");
+    let (mut c, r) = w.dump(Stage::Dump);
+    let e = err_text(&r[0]);
+    assert!(
+        e.contains("GPU work in process 11 (app) did not finish")
+            && e.contains("It uses NCCL")
+            && !e.contains("rounds of locking"),
+        "{e}"
+    );
+    c.exit(&w.host, Stage::Dump, false);
+    assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R));
+}
+
+#[test]
+fn rounds_that_never_lock_every_rank_end_within_criu_seize_time() {
+    let mut w = ranks(&[(11, u32::MAX)]);
+    w.host.seize_left = Some(Duration::from_secs(2));
+    let start = Instant::now();
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    let e = err_text(&r[0]);
+    assert!(
+        e.contains("GPU work in process 11 (app) did not finish")
+            && e.contains("rounds of locking the 2 CUDA processes at once")
+            && e.contains("raise criu --timeout")
+            && !e.contains("process 10"),
+        "{e}"
+    );
+    c.exit(&w.host, Stage::Dump, false);
+    assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R));
+}
+
+#[test]
+fn a_lone_process_has_one_lock_with_all_the_time() {
+    let mut w = World::new(&[(10, R)], &[]);
+    w.host.seize_left = Some(Duration::from_secs(5));
+    w.gpu.m().gives_up.insert(10, 1);
+    let (_c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().any(|x| x.is_err()));
+    let t = w.gpu.m().lock_timeouts.clone();
+    assert_eq!(t.len(), 1, "{t:?}");
+    assert!(t[0] > Duration::from_secs(3), "{t:?}");
+}
+
 #[test]
 fn locks_fit_in_what_is_left_of_criu_seize_time() {
     let mut w = World::new(&[(10, R)], &[]).set("CRIU_GPU_LOCK_TIMEOUT_MS", "9000");

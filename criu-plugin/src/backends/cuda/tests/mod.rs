@@ -47,6 +47,10 @@ struct Gpus {
     free: u64,
     record: Vec<String>,
     lock_timeouts: Vec<Duration>,
+    /// How many more locks of a process give up (its kernel waits in a collective for a peer).
+    gives_up: BTreeMap<i32, u32>,
+    /// The processes the restore's CRIU created (pid = pid in its namespace here).
+    created: BTreeSet<i32>,
     /// The node's huge page policy (a fake sysfs), and what it read during each checkpoint.
     thp: Option<Thp>,
     thp_seen: Vec<String>,
@@ -141,7 +145,16 @@ impl GpuDriver for Fake {
             .ok_or_else(|| err(Call::GetState, pid, code::NOT_INITIALIZED))
     }
     fn lock(&self, pid: i32, timeout: Duration) -> Result<(), CudaError> {
-        self.m().lock_timeouts.push(timeout);
+        let mut m = self.m();
+        m.lock_timeouts.push(timeout);
+        if let Some(n) = m.gives_up.get_mut(&pid).filter(|n| **n > 0) {
+            *n -= 1;
+            m.calls.push(format!("Lock {pid} gave up"));
+            drop(m);
+            std::thread::sleep(timeout.min(Duration::from_millis(5)));
+            return Err(err(Call::Lock, pid, code::NOT_READY));
+        }
+        drop(m);
         self.act(pid, Call::Lock, R, L)
     }
     fn checkpoint(&self, pid: i32) -> Result<(), CudaError> {
@@ -196,11 +209,19 @@ impl Machine for Fake {
     fn kill(&self, pid: i32) {
         self.m().dead.insert(pid);
     }
-    fn descendants(&self, _pid: i32) -> Vec<(i32, u64)> {
-        Vec::new()
+    fn created(&self) -> Vec<(i32, i32)> {
+        let m = self.m();
+        m.created
+            .iter()
+            .filter(|p| !m.dead.contains(p))
+            .map(|p| (*p, *p))
+            .collect()
     }
-    fn started_since_me(&self, pid: i32) -> Option<u64> {
-        self.m().states.contains_key(&pid).then_some(1)
+    fn kill_created(&self, pid: i32) {
+        let mut m = self.m();
+        if m.created.contains(&pid) {
+            m.dead.insert(pid);
+        }
     }
     fn record(&self, level: Level, line: &str) {
         self.m().record.push(format!("{level:?}: {line}"));
@@ -447,12 +468,10 @@ impl Machine for NoDriver {
         true
     }
     fn kill(&self, _pid: i32) {}
-    fn descendants(&self, _pid: i32) -> Vec<(i32, u64)> {
+    fn created(&self) -> Vec<(i32, i32)> {
         Vec::new()
     }
-    fn started_since_me(&self, _pid: i32) -> Option<u64> {
-        None
-    }
+    fn kill_created(&self, _pid: i32) {}
     fn record(&self, _level: Level, _line: &str) {}
 }
 

@@ -181,6 +181,7 @@ fn a_bad_restore_setting_does_not_fail_a_dump() {
 fn criu_dying_mid_restore_kills_the_half_restored_tree() {
     let dir = dumped(&[(10, R)]);
     let w = restore_world(dir, &[(10, C)]);
+    w.gpu.m().created.insert(10);
     let mut c = w.backend();
     c.init(&w.host, Stage::Restore, &ours()).unwrap();
     // The guardian tracks what CRIU forks; here it is told directly, as RESUME_DEVICES_LATE does.
@@ -195,6 +196,26 @@ fn criu_dying_mid_restore_kills_the_half_restored_tree() {
     wait_for("the tree is killed", || w.gpu.m().dead.contains(&10));
     let rec = w.gpu.m().record.join("\n");
     assert!(rec.contains("in the middle of a restore"), "{rec}");
+}
+
+/// Two restores of the same images at once: the one that lost (its fork of a pid the other had
+/// just made failed) kills only what its own CRIU created, never the winner's process with the
+/// pid of the images.
+#[test]
+fn a_failed_restore_kills_only_what_its_criu_created() {
+    let dir = dumped(&[(10, R), (11, R)]);
+    let w = restore_world(dir, &[(10, C), (11, C)]);
+    w.gpu.m().created.insert(11);
+    let mut c = w.backend();
+    c.init(&w.host, Stage::Restore, &ours()).unwrap();
+    std::mem::forget(c);
+    w.guardians.criu_dies();
+    wait_for("its own process is killed", || w.gpu.m().dead.contains(&11));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !w.gpu.m().dead.contains(&10),
+        "process 10 has a pid of the images but another CRIU made it"
+    );
 }
 
 #[test]

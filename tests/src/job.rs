@@ -1,0 +1,144 @@
+//! A simulated distributed job (`cuda-sim-app --ranks N`) and `criu-gpu` run against it: what the
+//! job tests share.
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use crate::criu::Criu;
+use crate::*;
+
+/// A free TCP port of this host.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("[::]:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A job of `n` ranks, started as `program ARGS` (cuda-sim-app, or a launcher in front of it).
+pub struct Job {
+    pub root: i32,
+    /// Every process of the tree, as started.
+    pub pids: Vec<i32>,
+    pub ranks: Vec<App>,
+    /// The log's path; rank r logs to LOG.rankR.
+    pub log: PathBuf,
+}
+
+pub fn start_job(sim: &mut Sim, launcher: Option<&Path>, n: usize, extra: &[(&str, &str)]) -> Job {
+    start_job_with(sim, launcher, n, extra, &["--interval-ms", "50"])
+}
+
+/// [`start_job`] with more arguments of cuda-sim-app (`--interval-ms` among them).
+pub fn start_job_with(
+    sim: &mut Sim,
+    launcher: Option<&Path>,
+    n: usize,
+    extra: &[(&str, &str)],
+    more: &[&str],
+) -> Job {
+    let log = sim.dir.join("job.log");
+    let app = artifact("cuda-sim-app");
+    let port = free_port().to_string();
+    let ns = n.to_string();
+    let args = [
+        "--log",
+        log.to_str().unwrap(),
+        "--ranks",
+        &ns,
+        "--mib",
+        "8",
+        "--shm-mib",
+        "8",
+        "--store-port",
+        &port,
+    ];
+    let mut cmd = match launcher {
+        Some(l) => {
+            let mut c = setsid_command(l);
+            c.arg(&app);
+            c
+        }
+        None => setsid_command(&app),
+    };
+    let child = cmd
+        .args(args)
+        .args(more)
+        .envs(sim.env())
+        .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let root = reap_in_background(child);
+    sim.adopt(root);
+    let ranks: Vec<App> = (0..n)
+        .map(|r| App {
+            pid: 0,
+            log: log.with_extension(format!("log.rank{r}")),
+        })
+        .collect();
+    for r in &ranks {
+        assert!(
+            wait_until(Duration::from_secs(20), || r.steps() >= 2),
+            "{}",
+            r.tail()
+        );
+    }
+    let pids = cuda_checkpoint_ctl::process::tree(root);
+    Job {
+        root,
+        pids,
+        ranks,
+        log,
+    }
+}
+
+impl Job {
+    /// `criu-gpu dump ROOT IMAGES` with `env` added.
+    pub fn dump(&self, sim: &Sim, c: &Criu, images: &Path, env: &[(&str, &str)]) -> Output {
+        let root = self.root.to_string();
+        criu_gpu(sim, c, &["dump", &root, images.to_str().unwrap()], env)
+    }
+
+    /// Waits until no process of the job is left (dumped and killed, or killed by a restore).
+    pub fn gone(&self) {
+        for p in &self.pids {
+            wait_gone(*p);
+        }
+    }
+
+    pub fn advances(&self, n: usize) {
+        for r in &self.ranks {
+            assert!(r.advances(n), "{}", r.tail());
+            r.assert_healthy();
+        }
+    }
+}
+
+/// `criu-gpu ARGS -- --lib PLUGINS` with the machine's environment.
+pub fn criu_gpu(sim: &Sim, c: &Criu, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let out = std::process::Command::new(artifact("criu-gpu"))
+        .args(args)
+        .args(["--criu", c.bin.to_str().unwrap(), "--", "--lib"])
+        .arg(&c.plugins)
+        .envs(sim.env())
+        .env_remove("LD_LIBRARY_PATH")
+        .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    eprintln!("criu-gpu {args:?}:\n{}{}", stdout(&out), stderr(&out));
+    out
+}
+
+pub fn text(o: &Output) -> String {
+    format!("{}{}", stdout(o), stderr(o))
+}
+
+pub fn dir_of(sim: &Sim, name: &str) -> PathBuf {
+    sim.dir.join(name)
+}
