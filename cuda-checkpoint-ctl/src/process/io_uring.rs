@@ -233,7 +233,12 @@ pub fn refusals(fd: i32, r: &RingInfo) -> Vec<String> {
     why
 }
 
-/// io-wq workers of the process that run a request (not idle in `io_wq_worker`), by tid.
+/// How many times, 2 ms apart, a worker is looked at before it counts as busy: an idle worker is
+/// seen awake now and then (its idle timeout every 5 s, the end of a short request).
+const WORKER_LOOKS: u32 = 25;
+
+/// io-wq workers of the process that run a request (not idle in `io_wq_worker` in any of
+/// [`WORKER_LOOKS`] looks), by tid.
 pub fn busy_workers(pid: i32) -> std::io::Result<Vec<i32>> {
     let mut busy = Vec::new();
     for e in fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
@@ -242,10 +247,20 @@ pub fn busy_workers(pid: i32) -> std::io::Result<Vec<i32>> {
         if !comm.starts_with("iou-wrk-") {
             continue;
         }
-        let stat = fs::read_to_string(dir.join("stat")).unwrap_or_default();
-        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
-        let wchan = fs::read_to_string(dir.join("wchan")).unwrap_or_default();
-        if state == Some('R') || wchan != "io_wq_worker" {
+        let idle = || {
+            let stat = fs::read_to_string(dir.join("stat")).unwrap_or_default();
+            let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+            let wchan = fs::read_to_string(dir.join("wchan")).unwrap_or_default();
+            // Gone (no stat) counts as idle.
+            state.is_none() || (state != Some('R') && wchan == "io_wq_worker")
+        };
+        let seen_idle = (0..WORKER_LOOKS).any(|i| {
+            if i > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            idle()
+        });
+        if !seen_idle {
             if let Some(tid) = e.file_name().to_str().and_then(|t| t.parse().ok()) {
                 busy.push(tid);
             }
@@ -254,10 +269,30 @@ pub fn busy_workers(pid: i32) -> std::io::Result<Vec<i32>> {
     Ok(busy)
 }
 
+/// The lengths of the process's mappings of the SQEs of the ring with inode `ino` (offset
+/// 0x10000000 of the ring).
+fn sqe_mappings(maps: &str, ino: u64) -> Vec<u64> {
+    maps.lines()
+        .filter(|l| l.ends_with(ANON))
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (start, end) = f.next()?.split_once('-')?;
+            let off = f.nth(1)?;
+            if f.nth(1)?.parse::<u64>().ok()? != ino || off != "10000000" {
+                return None;
+            }
+            Some(u64::from_str_radix(end, 16).ok()? - u64::from_str_radix(start, 16).ok()?)
+        })
+        .collect()
+}
+
 /// The rings of a process, each with the patch's verdict: fdinfo's rules ([`refusals`]), busy
-/// io-wq workers, rings without a mapping (NO_MMAP), and, through a copy of the ring's fd
-/// (pidfd_getfd: needs ptrace rights over the process), the patch's probes: a registered eventfd
-/// (handled when it is the process's only eventfd) and IORING_SETUP_SINGLE_ISSUER (refused).
+/// io-wq workers, rings without a mapping (NO_MMAP), SQEs mapped only in part, and, through a
+/// copy of the ring's fd (pidfd_getfd: needs ptrace rights over the process), the patch's
+/// probes: a registered eventfd (handled when it is the process's only eventfd) and
+/// IORING_SETUP_SINGLE_ISSUER (refused). Not seen from one process: the patch also refuses a
+/// ring that another process of the dumped tree holds too (a child forked after the ring was
+/// made).
 pub fn rings(pid: i32) -> std::io::Result<Vec<Ring>> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
     let mapped: Vec<u64> = maps
@@ -285,8 +320,9 @@ pub fn rings(pid: i32) -> std::io::Result<Vec<Ring>> {
     let mut out = Vec::new();
     for fd in fds {
         let text = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))?;
-        let mut why = match parse_fdinfo(&text) {
-            Some(info) => refusals(fd, &info),
+        let info = parse_fdinfo(&text);
+        let mut why = match &info {
+            Some(info) => refusals(fd, info),
             None => vec![format!(
                 "fd {fd}: io_uring whose fdinfo lacks the ring's counters"
             )],
@@ -305,6 +341,15 @@ pub fn rings(pid: i32) -> std::io::Result<Vec<Ring>> {
             why.push(format!(
                 "fd {fd}: io_uring whose rings the process does not map"
             ));
+        }
+        // 6.18 maps the SQEs only whole (EFAULT): a mapping of part of them cannot be made again.
+        if let (Some(i), Some(info)) = (ino, &info) {
+            let whole = (u64::from(info.sq_entries) * 64).div_ceil(PAGE) * PAGE;
+            if sqe_mappings(&maps, i).iter().any(|&len| len < whole) {
+                why.push(format!(
+                    "fd {fd}: io_uring whose SQEs the process maps only in part"
+                ));
+            }
         }
         match probe_eventfd(pid, fd) {
             Ok(false) => {}
@@ -325,6 +370,8 @@ pub fn rings(pid: i32) -> std::io::Result<Vec<Ring>> {
     }
     Ok(out)
 }
+
+const PAGE: u64 = 4096;
 
 const IORING_REGISTER_EVENTFD: libc::c_long = 4;
 const IORING_UNREGISTER_EVENTFD: libc::c_long = 5;
@@ -406,7 +453,15 @@ mod tests {
 
     #[test]
     fn a_process_without_rings_has_none() {
-        assert_eq!(io_uring(std::process::id() as i32).unwrap(), None);
+        // A child of its own: this test process holds rings while other tests run.
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let found = io_uring(child.id() as i32);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(found.unwrap(), None);
     }
 
     /// Captured on this project's VM (kernel 6.18.44) from uring-app (third_party/criu/tests):
@@ -478,6 +533,19 @@ CqOverflowList:\nNAPI:\tdisabled\n";
             .any(|w| w == "fd 9: io_uring with 2 registered buffer(s)"));
         assert!(why.iter().any(|w| w.contains("1 registered file(s)")));
         assert!(why.iter().any(|w| w.contains("1 overflowed")));
+    }
+
+    #[test]
+    fn sqe_mappings_of_a_ring_by_inode() {
+        let maps = "\
+7f20-7f24 rw-s 10000000 00:10 3 anon_inode:[io_uring]
+7f30-7f33 rw-s 10000000 00:10 3 anon_inode:[io_uring]
+7f40-7f44 rw-s 00000000 00:10 3 anon_inode:[io_uring]
+7f50-7f54 rw-s 10000000 00:10 4 anon_inode:[io_uring]
+";
+        assert_eq!(sqe_mappings(maps, 3), vec![4, 3]);
+        assert_eq!(sqe_mappings(maps, 4), vec![4]);
+        assert!(sqe_mappings(maps, 5).is_empty());
     }
 
     #[test]
