@@ -13,7 +13,9 @@ pub use self::files::{
     fds, has_terminal, lock_holders, session, socket_inodes, unlinked, Unlinked,
 };
 pub use self::hold::{frozen_cgroup, hold, tgid, CgroupVersion, Freezer, Hold};
-pub use self::io_uring::{io_uring, IoUring};
+pub use self::io_uring::{
+    busy_workers, io_uring, parse_fdinfo, refusals, rings, IoUring, Ring, RingInfo,
+};
 pub use self::net::{tcp_sockets, TcpSocket, TcpState};
 
 use std::collections::{BTreeSet, VecDeque};
