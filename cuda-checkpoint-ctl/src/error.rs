@@ -8,10 +8,13 @@ use crate::process::Hold;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{}", nccl_ranks(.ranks))]
-    NcclTransports {
-        ranks: Vec<(i32, String, Vec<crate::nccl::Transport>)>,
-    },
+    /// What the rule set refuses before any call (NCCL transports that cannot be restored).
+    #[error(
+        "{}; nothing was done. {}",
+        .0.what(),
+        .0.fix("pass --no-nccl-check")
+    )]
+    Refused(crate::refusal::Refusal),
     #[error(transparent)]
     Driver(#[from] LoadError),
     #[error(transparent)]
@@ -187,23 +190,6 @@ fn pid_list(pids: &[i32]) -> String {
         s.push(format!("and {} more", pids.len() - SHOWN));
     }
     s.join(", ")
-}
-
-fn nccl_ranks(ranks: &[(i32, String, Vec<crate::nccl::Transport>)]) -> String {
-    let each: Vec<String> = ranks
-        .iter()
-        .map(|(pid, comm, t)| format!("{pid} ({comm}: {})", crate::nccl::names(t)))
-        .collect();
-    format!(
-        "NCCL ranks of this node would talk to each other through transports the driver \
-         checkpoints but cannot restore: {}; suspending them would leave them unable to run \
-         again. Nothing was done. Start the job with {} (NCCL then talks through sockets) or {} \
-         (shared memory without cuMem), or pass --no-nccl-check if these processes do not talk \
-         to each other through NCCL",
-        each.join(", "),
-        crate::nccl::SOCKETS_ONLY,
-        crate::nccl::SHM_WITHOUT_CUMEM
-    )
 }
 
 #[cfg(test)]

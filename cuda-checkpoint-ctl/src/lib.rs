@@ -17,5 +17,6 @@ pub mod nccl;
 pub mod ops;
 pub mod placement;
 pub mod process;
+pub mod refusal;
 
 pub use error::{Error, Result};

@@ -23,7 +23,7 @@ pub const SOCKETS_ONLY: &str = "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM
 pub const SHM_WITHOUT_CUMEM: &str = "NCCL_P2P_DISABLE=1 NCCL_CUMEM_ENABLE=0";
 
 /// An NCCL transport between ranks of one node that the driver cannot restore.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub enum Transport {
     /// Peer-to-peer over NVLink or PCIe (CUDA IPC or cuMem handles): NCCL_P2P_DISABLE=1.
     P2p,

@@ -30,6 +30,9 @@ pub fn criu_binary() -> PathBuf {
     panic!("CRIU >= 4.2 not found: run scripts/install-criu.sh (or set CRIU=/path/to/criu)");
 }
 
+/// Where scripts/install-criu.sh puts stock CRIU 4.2.1 (without the project's patches).
+pub const STOCK: &str = "/usr/local/lib/criu-gpu/stock/criu";
+
 /// Where scripts/install-criu.sh puts CRIU's own C CUDA plugin.
 pub const UPSTREAM_CUDA: &str = "/usr/local/lib/criu-gpu/upstream-cuda/cuda_plugin.so";
 

@@ -480,7 +480,7 @@ fn nccl_ranks_that_could_not_be_restored_are_refused_and_sockets_only_ranks_rest
     assert!(
         log.contains("P2P, SHM and cuMem")
             && log.contains("NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0")
-            && log.contains("Nothing was locked"),
+            && log.contains("nothing was locked"),
         "{}",
         criu::tail(&log, 20)
     );

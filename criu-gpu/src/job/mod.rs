@@ -153,7 +153,7 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
     } else {
         None
     };
-    let plan = Plan::make(&facts, lock);
+    let plan = Plan::make(&facts, lock, ring_support(&criu));
     show_plan(&plan);
     if !plan.problems.is_empty() {
         return Err(JobError::Refused(plan.problems));
@@ -336,6 +336,22 @@ fn file_problems(dir: &Path, truncate: bool, plan: &mut Plan) {
                     .into(),
             });
         }
+    }
+}
+
+/// What the CRIU at `criu` does with io_uring rings: the project's CRIU answers `criu check
+/// --feature io_uring` (patch 0008); stock CRIU knows no such feature.
+fn ring_support(criu: &Path) -> cuda_checkpoint_ctl::refusal::RingSupport {
+    let dumps = std::process::Command::new(criu)
+        .args(["check", "--feature", "io_uring"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if dumps {
+        cuda_checkpoint_ctl::refusal::RingSupport::Idle
+    } else {
+        cuda_checkpoint_ctl::refusal::RingSupport::None
     }
 }
 

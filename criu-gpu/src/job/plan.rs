@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use cuda_checkpoint_ctl::nccl;
+use cuda_checkpoint_ctl::refusal::{self, Refusal, RingSupport};
 use serde::Serialize;
 
 use super::facts::JobFacts;
@@ -73,9 +74,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    pub fn make(facts: &JobFacts, lock: Option<NetworkLock>) -> Plan {
+    pub fn make(facts: &JobFacts, lock: Option<NetworkLock>, rings: RingSupport) -> Plan {
         let mut p = Plan::default();
-        p.io_uring(facts);
+        p.io_uring(facts, rings);
         p.nccl(facts);
         p.ghosts(facts);
         p.tcp(facts, lock);
@@ -104,54 +105,31 @@ impl Plan {
         p
     }
 
-    fn io_uring(&mut self, facts: &JobFacts) {
-        for m in &facts.members {
-            if let Some(u) = &m.io_uring {
-                let libs = if u.libraries.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (it maps {})", u.libraries.join(", "))
-                };
-                self.problems.push(Problem {
-                    what: format!(
-                        "process {} ({}) holds io_uring instances{libs}, which CRIU cannot dump",
-                        m.pid, m.comm
-                    ),
-                    fix: u.fix(),
-                });
+    /// The rule set's refusals (`cuda_checkpoint_ctl::refusal`), as problems.
+    fn refuse(&mut self, r: Refusal) {
+        self.problems.push(Problem {
+            what: r.what(),
+            fix: r.fix("set CRIU_GPU_NCCL_CHECK=0 (in criu's environment)"),
+        });
+    }
+
+    fn io_uring(&mut self, facts: &JobFacts, rings: RingSupport) {
+        for m in facts.members.iter().filter(|m| m.io_uring.is_some()) {
+            if let Some(r) = refusal::io_uring(m.pid, &m.comm, rings) {
+                self.refuse(r);
             }
         }
     }
 
     fn nccl(&mut self, facts: &JobFacts) {
-        let ranks: Vec<i32> = facts
+        let ranks: Vec<(i32, String)> = facts
             .members
             .iter()
             .filter(|m| m.cuda && m.nccl)
-            .map(|m| m.pid)
+            .map(|m| (m.pid, m.comm.clone()))
             .collect();
-        for u in nccl::unrestorable(&ranks) {
-            let comm = facts
-                .members
-                .iter()
-                .find(|m| m.pid == u.pid)
-                .map_or("?", |m| m.comm.as_str());
-            self.problems.push(Problem {
-                what: format!(
-                    "NCCL rank {} ({comm}) would talk to the other ranks of this node through {}, \
-                     which the NVIDIA driver checkpoints but cannot restore (r580: \
-                     CUDA_ERROR_NOT_SUPPORTED): the job could never run again",
-                    u.pid,
-                    nccl::names(&u.transports)
-                ),
-                fix: format!(
-                    "start the job with {} (NCCL then talks through sockets) or {} (shared \
-                     memory without cuMem), or set CRIU_GPU_NCCL_CHECK=0 if these processes do \
-                     not talk through NCCL",
-                    nccl::SOCKETS_ONLY,
-                    nccl::SHM_WITHOUT_CUMEM
-                ),
-            });
+        if let Some(r) = refusal::nccl(&ranks, |pid| nccl::Config::of(pid).unwrap_or_default()) {
+            self.refuse(r);
         }
     }
 
@@ -278,7 +256,7 @@ mod tests {
 
     #[test]
     fn unlinked_files_set_the_ghost_limit_up_to_the_cap() {
-        let p = Plan::make(&job(34_213_888, false), None);
+        let p = Plan::make(&job(34_213_888, false), None, RingSupport::None);
         assert!(p.problems.is_empty(), "{:?}", p.problems);
         assert!(
             p.dump_args().join(" ").contains("--ghost-limit 41M"),
@@ -286,10 +264,10 @@ mod tests {
             p.dump_args()
         );
         assert!(p.restore_args().contains(&"--file-locks".to_string()));
-        let p = Plan::make(&job(2 << 30, true), None);
+        let p = Plan::make(&job(2 << 30, true), None, RingSupport::None);
         assert_eq!(p.problems.len(), 1);
         assert!(p.problems[0].what.contains("/dev/shm/nccl-x of 2.00 GiB"));
-        let p = Plan::make(&job(4096, true), None);
+        let p = Plan::make(&job(4096, true), None, RingSupport::None);
         assert!(!p.dump_args().join(" ").contains("ghost"));
         assert!(p.restore_args().contains(&"--shell-job".to_string()));
     }

@@ -15,6 +15,7 @@ type CheckAndRemoveInventoryPlugin = unsafe extern "C" fn(*const c_char, usize) 
 type VoidFn = unsafe extern "C" fn();
 type GetImageDir = unsafe extern "C" fn() -> c_int;
 type DeferPages = unsafe extern "C" fn(c_int, std::ffi::c_ulong, std::ffi::c_ulong) -> c_int;
+type DumpsIoUring = unsafe extern "C" fn() -> c_int;
 
 /// `opts.final_state` values (compel's task states).
 const TASK_ALIVE: i32 = 1;
@@ -30,6 +31,8 @@ struct Symbols {
     criu_get_image_dir: Option<GetImageDir>,
     /// The project's CRIU only (patch 0007).
     criu_defer_pages: Option<DeferPages>,
+    /// The project's CRIU only (patch 0008).
+    criu_dumps_io_uring: Option<DumpsIoUring>,
     /// `struct cr_options opts`; `final_state` is its first field in every CRIU release.
     opts: Option<usize>,
     /// `struct pstree_item *root_item`, set before plugins are initialised on dump.
@@ -67,6 +70,8 @@ fn symbols() -> &'static Symbols {
                     .map(|p| std::mem::transmute::<*mut c_void, GetImageDir>(p)),
                 criu_defer_pages: lookup("criu_defer_pages")
                     .map(|p| std::mem::transmute::<*mut c_void, DeferPages>(p)),
+                criu_dumps_io_uring: lookup("criu_dumps_io_uring")
+                    .map(|p| std::mem::transmute::<*mut c_void, DumpsIoUring>(p)),
                 opts: lookup("opts").map(|p| p as usize),
                 root_item: lookup("root_item").map(|p| p as usize),
                 criu_run_id: lookup("criu_run_id").map(|p| p as usize),
@@ -124,6 +129,16 @@ pub fn use_interrupt_only_seizing() -> bool {
             unsafe { f() };
             true
         }
+        None => false,
+    }
+}
+
+/// Whether this CRIU dumps io_uring rings that are idle (the project's CRIU, patch 0008:
+/// `criu_dumps_io_uring()` in criu-plugin.h).
+pub fn dumps_io_uring() -> bool {
+    match symbols().criu_dumps_io_uring {
+        // SAFETY: the patch's function takes nothing and returns an int.
+        Some(f) => (unsafe { f() }) == 1,
         None => false,
     }
 }

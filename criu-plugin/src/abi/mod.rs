@@ -112,6 +112,13 @@ impl Host for CriuHost {
     fn defer_pages(&self, pid: i32, range: std::ops::Range<u64>) -> Option<bool> {
         criu::defer_pages(pid, range)
     }
+    fn ring_support(&self) -> cuda_checkpoint_ctl::refusal::RingSupport {
+        if criu::dumps_io_uring() {
+            cuda_checkpoint_ctl::refusal::RingSupport::Idle
+        } else {
+            cuda_checkpoint_ctl::refusal::RingSupport::None
+        }
+    }
 }
 
 /// Forks the guardian from CRIU's process (see [`crate::guardian`]). It keeps its own handle on

@@ -90,6 +90,10 @@ pub trait Host {
     fn defer_pages(&self, _pid: i32, _range: Range<u64>) -> Option<bool> {
         None
     }
+    /// What this CRIU does with io_uring rings (the project's CRIU: patch 0008).
+    fn ring_support(&self) -> cuda_checkpoint_ctl::refusal::RingSupport {
+        cuda_checkpoint_ctl::refusal::RingSupport::None
+    }
 }
 
 /// What the image's inventory said about a backend at restore.

@@ -55,6 +55,8 @@ pub struct FakeHost {
     pub seize_left: Option<Duration>,
     /// What `defer_pages` was asked (`None`: a CRIU that cannot, like stock CRIU).
     pub deferred: Option<Mutex<Vec<Deferred>>>,
+    /// What this CRIU does with io_uring rings.
+    pub rings: cuda_checkpoint_ctl::refusal::RingSupport,
 }
 
 impl FakeHost {
@@ -68,6 +70,7 @@ impl FakeHost {
             root: None,
             seize_left: Some(Duration::from_secs(10)),
             deferred: Some(Mutex::new(Vec::new())),
+            rings: cuda_checkpoint_ctl::refusal::RingSupport::None,
         }
     }
 }
@@ -98,6 +101,9 @@ impl Host for FakeHost {
     }
     fn threads(&self) -> &dyn ThreadControl {
         &self.threads
+    }
+    fn ring_support(&self) -> cuda_checkpoint_ctl::refusal::RingSupport {
+        self.rings
     }
     fn defer_pages(&self, pid: i32, range: Range<u64>) -> Option<bool> {
         self.deferred.as_ref()?.lock().unwrap().push((pid, range));

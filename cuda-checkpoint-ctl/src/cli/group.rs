@@ -10,6 +10,7 @@ use cuda_checkpoint_ctl::inventory::Inventory;
 use cuda_checkpoint_ctl::nccl;
 use cuda_checkpoint_ctl::ops::{self, CudaProcess, Goal, Options, Outcome, Survey};
 use cuda_checkpoint_ctl::process::{self, Selector};
+use cuda_checkpoint_ctl::refusal;
 use cuda_checkpoint_ctl::Error;
 
 use super::args::{Args, LIST_WAIT_S};
@@ -134,22 +135,16 @@ pub fn many(
 /// NCCL ranks of this node whose transports the driver checkpoints but cannot restore (F13):
 /// refused before any call, with the fix.
 fn nccl_check(survey: &Survey) -> Result<(), Error> {
-    let ranks: Vec<i32> = survey
+    let ranks: Vec<(i32, String)> = survey
         .processes
         .iter()
         .filter(|p| process::libraries(p.pid).is_ok_and(|l| l.nccl))
-        .map(|p| p.pid)
+        .map(|p| (p.pid, p.comm.clone()))
         .collect();
-    let bad = nccl::unrestorable(&ranks);
-    if bad.is_empty() {
-        return Ok(());
+    match refusal::nccl(&ranks, |pid| nccl::Config::of(pid).unwrap_or_default()) {
+        Some(r) => Err(Error::Refused(r)),
+        None => Ok(()),
     }
-    Err(Error::NcclTransports {
-        ranks: bad
-            .into_iter()
-            .map(|u| (u.pid, process::name(u.pid), u.transports))
-            .collect(),
-    })
 }
 
 /// --get-state / --get-restore-tid of a group.

@@ -4,7 +4,7 @@
 mod environ;
 mod files;
 mod hold;
-mod io_uring;
+pub mod io_uring;
 pub mod maps;
 mod net;
 

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cuda_checkpoint_ctl::driver::ProcessState;
-use cuda_checkpoint_ctl::nccl::{self, Transport};
 use cuda_checkpoint_ctl::ops::rounds;
+use cuda_checkpoint_ctl::refusal::Refusal;
 
 use crate::guardian::proto::DriverFailure;
 
@@ -105,22 +105,13 @@ pub enum DumpError {
     NoDriver { processes: Vec<Who>, reason: String },
     #[error("CUDA {who} {}; nothing was locked", .held.describe(.who.pid))]
     Held { who: Who, held: Held },
-    /// A process of the tree holds io_uring instances, which CRIU cannot dump.
+    /// What the rule set refuses before any lock (io_uring rings, NCCL transports).
     #[error(
-        "{who} holds io_uring instances ({} fd(s), {} ring mapping(s){}), which CRIU cannot dump: \
-         the dump would fail after the GPU state was checkpointed; nothing was locked. {}",
-        .uring.fds,
-        .uring.mappings,
-        libs(&.uring.libraries),
-        .uring.fix()
+        "{}; nothing was locked. {}",
+        .0.what(),
+        .0.fix("set CRIU_GPU_NCCL_CHECK=0")
     )]
-    IoUring {
-        who: Who,
-        uring: cuda_checkpoint_ctl::process::IoUring,
-    },
-    /// Ranks of one node whose NCCL transports the driver checkpoints but cannot restore.
-    #[error("{}", nccl(.ranks))]
-    NcclTransports { ranks: Vec<(Who, Vec<Transport>)> },
+    Refused(Refusal),
     #[error(
         "CUDA {0} has a GPU checkpoint action in progress that is not this dump's (a concurrent \
          dump or cuda-checkpoint, or the action of a CRIU that died); wait for it, then check \
@@ -241,33 +232,6 @@ fn locks(failures: &[(Who, LockFailure)], rounds: &Option<(usize, rounds::Report
     format!(
         "{}. The dump is abandoned and every CUDA process is put back as it was. {fix}",
         parts.join("; ")
-    )
-}
-
-fn libs(l: &[String]) -> String {
-    if l.is_empty() {
-        String::new()
-    } else {
-        format!("; it maps {}", l.join(", "))
-    }
-}
-
-fn nccl(ranks: &[(Who, Vec<Transport>)]) -> String {
-    let each: Vec<String> = ranks
-        .iter()
-        .map(|(w, t)| format!("{w} ({})", nccl::names(t)))
-        .collect();
-    format!(
-        "the NCCL ranks of this node would talk to each other through transports the NVIDIA \
-         driver checkpoints but cannot restore: {}; a dump would leave them unable to run again \
-         (measured with r580: the restore answers CUDA_ERROR_NOT_SUPPORTED). Nothing was locked. \
-         Start the job with {} (in its environment or /etc/nccl.conf): NCCL then talks through \
-         sockets between its ranks, which dump and restore; or with {} (shared memory without \
-         cuMem, which restores too). If these processes do not talk to each other through NCCL, \
-         set CRIU_GPU_NCCL_CHECK=0",
-        each.join(", "),
-        nccl::SOCKETS_ONLY,
-        nccl::SHM_WITHOUT_CUMEM
     )
 }
 

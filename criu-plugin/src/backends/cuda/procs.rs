@@ -3,8 +3,8 @@
 
 use std::ops::Range;
 
-use cuda_checkpoint_ctl::nccl;
-use cuda_checkpoint_ctl::process::{self, IoUring, Libraries};
+use cuda_checkpoint_ctl::process::{self, Libraries};
+use cuda_checkpoint_ctl::refusal::{self, Refusal, RingSupport};
 
 use super::error::Held;
 
@@ -23,11 +23,11 @@ pub trait Procs: Send {
     /// Whether `/dev/nvidiaN` exists in the process's root file system (a container's).
     fn has_gpu_node(&self, pid: i32, minor: u32) -> bool;
     fn kill(&self, pid: i32);
-    /// Of `ranks` (CUDA processes of one node with NCCL loaded), those whose NCCL settings leave
-    /// a transport on that the driver cannot restore (see `cuda_checkpoint_ctl::nccl`).
-    fn nccl_unrestorable(&self, ranks: &[i32]) -> Vec<nccl::Unrestorable>;
-    /// The process's io_uring instances, which CRIU cannot dump.
-    fn io_uring(&self, pid: i32) -> Option<IoUring>;
+    /// The refusal of `ranks` (CUDA processes of one node with NCCL loaded) whose NCCL settings
+    /// leave a transport on that the driver cannot restore (`cuda_checkpoint_ctl::refusal`).
+    fn nccl(&self, ranks: &[(i32, String)]) -> Option<Refusal>;
+    /// The refusal of the process's io_uring rings that the CRIU in use cannot dump.
+    fn io_uring(&self, pid: i32, support: RingSupport) -> Option<Refusal>;
     /// Its unnamed private writable mappings (`process::maps`).
     fn anon_writable(&self, pid: i32) -> std::io::Result<Vec<Range<u64>>>;
 }
@@ -75,11 +75,13 @@ impl Procs for Real {
     fn has_gpu_node(&self, pid: i32, minor: u32) -> bool {
         std::path::Path::new(&format!("/proc/{pid}/root/dev/nvidia{minor}")).exists()
     }
-    fn nccl_unrestorable(&self, ranks: &[i32]) -> Vec<nccl::Unrestorable> {
-        nccl::unrestorable(ranks)
+    fn nccl(&self, ranks: &[(i32, String)]) -> Option<Refusal> {
+        refusal::nccl(ranks, |pid| {
+            cuda_checkpoint_ctl::nccl::Config::of(pid).unwrap_or_default()
+        })
     }
-    fn io_uring(&self, pid: i32) -> Option<IoUring> {
-        process::io_uring(pid).ok().flatten()
+    fn io_uring(&self, pid: i32, support: RingSupport) -> Option<Refusal> {
+        refusal::io_uring(pid, &self.comm(pid), support)
     }
     fn anon_writable(&self, pid: i32) -> std::io::Result<Vec<Range<u64>>> {
         process::maps::anon_writable(pid)

@@ -206,15 +206,12 @@ impl Dump {
                 let candidates = self.candidates(&pids);
                 if !candidates.is_empty() {
                     // CRIU would fail on these after the GPU checkpoint: refused before any lock.
-                    if let Some((pid, uring)) = pids
+                    let support = host.ring_support();
+                    if let Some(refusal) = pids
                         .iter()
-                        .find_map(|&p| Some((p, self.ctx.procs.io_uring(p)?)))
+                        .find_map(|&p| self.ctx.procs.io_uring(p, support))
                     {
-                        let who = Who {
-                            pid,
-                            comm: self.ctx.procs.comm(pid),
-                        };
-                        return Err(HookError::gpu(DumpError::IoUring { who, uring }));
+                        return Err(HookError::gpu(DumpError::Refused(refusal)));
                     }
                 }
                 self.phase = Phase::Paused(Tree {

@@ -74,17 +74,13 @@ impl Dump {
             }
         }
         if ctx.settings.flag("CRIU_GPU_NCCL_CHECK")? != Some(false) {
-            let ranks: Vec<i32> = cuda.iter().filter(|c| c.2).map(|c| c.0.pid).collect();
-            let bad = procs.nccl_unrestorable(&ranks);
-            if !bad.is_empty() {
-                let ranks = bad
-                    .into_iter()
-                    .filter_map(|u| {
-                        let w = cuda.iter().find(|c| c.0.pid == u.pid)?.0.clone();
-                        Some((w, u.transports))
-                    })
-                    .collect();
-                return Err(HookError::gpu(DumpError::NcclTransports { ranks }));
+            let ranks: Vec<(i32, String)> = cuda
+                .iter()
+                .filter(|c| c.2)
+                .map(|c| (c.0.pid, c.0.comm.clone()))
+                .collect();
+            if let Some(refusal) = procs.nccl(&ranks) {
+                return Err(HookError::gpu(DumpError::Refused(refusal)));
             }
         }
         for (w, tid, _) in &cuda {

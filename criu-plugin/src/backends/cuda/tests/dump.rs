@@ -352,7 +352,7 @@ fn nccl_ranks_whose_transports_cannot_be_restored_are_refused_before_any_lock() 
             && e.contains("process 11 (app)")
             && !e.contains("process 12")
             && e.contains("NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0")
-            && e.contains("Nothing was locked"),
+            && e.contains("nothing was locked"),
         "{e}"
     );
     assert!(
@@ -460,6 +460,33 @@ fn an_io_uring_in_the_tree_is_refused_before_any_lock() {
     w.tree.0.lock().unwrap().uring.insert(12);
     let (_c, r) = w.dump(Stage::Dump);
     assert!(r.iter().all(|x| *x == Ok(Verdict::NotMine)), "{r:?}");
+}
+
+/// The project's CRIU (patch 0008) dumps rings that are idle: only a ring with work in flight is
+/// refused, by the reason the rule set gives.
+#[test]
+fn with_the_projects_criu_only_rings_that_are_not_idle_are_refused() {
+    let mut w = World::new(&[(10, R), (11, R)], &[12, 13]);
+    w.host.rings = RingSupport::Idle;
+    w.tree.0.lock().unwrap().uring.extend([12, 13]);
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "idle rings dump: {r:?}");
+    c.exit(&w.host, Stage::Dump, true);
+
+    let mut w = World::new(&[(10, R), (11, R)], &[12, 13]);
+    w.host.rings = RingSupport::Idle;
+    w.tree.0.lock().unwrap().uring.extend([12, 13]);
+    w.tree.0.lock().unwrap().busy_uring.insert(13);
+    let (mut c, r) = w.dump(Stage::Dump);
+    let e = err_text(&r[0]);
+    assert!(
+        e.contains("process 13 (app)")
+            && e.contains("fd 7: io_uring with 1 request(s) in flight")
+            && e.contains("nothing was locked"),
+        "{e}"
+    );
+    assert!(w.gpu.m().calls.is_empty(), "{:?}", w.gpu.m().calls);
+    c.exit(&w.host, Stage::Dump, false);
 }
 
 /// CRIU ends right after a successful dump, while the guardian is still putting the huge page

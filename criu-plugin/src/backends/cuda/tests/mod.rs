@@ -13,6 +13,7 @@ use cuda_checkpoint_ctl::driver::{
 use cuda_checkpoint_ctl::inventory::{Gpu, GpuUsage, Inventory};
 use cuda_checkpoint_ctl::nccl;
 use cuda_checkpoint_ctl::process::Libraries;
+use cuda_checkpoint_ctl::refusal::{self, Refusal, RingSupport};
 
 use criu_gpu_image::cuda::{CudaImage, FORMAT, RECORD, VERSION};
 use criu_gpu_image::record;
@@ -258,8 +259,9 @@ struct TreeState {
     nccl: BTreeSet<i32>,
     /// NCCL's settings per process (none: NCCL's defaults).
     nccl_config: BTreeMap<i32, nccl::Config>,
-    /// Processes holding io_uring instances.
+    /// Processes holding io_uring instances, and those whose rings are not idle.
     uring: BTreeSet<i32>,
+    busy_uring: BTreeSet<i32>,
     held: BTreeMap<i32, Held>,
     /// pid -> ns pid (restored processes in a new pid namespace).
     ns: BTreeMap<i32, i32>,
@@ -304,9 +306,9 @@ impl Procs for Tree {
     fn kill(&self, pid: i32) {
         self.0.lock().unwrap().killed.push(pid);
     }
-    fn nccl_unrestorable(&self, ranks: &[i32]) -> Vec<nccl::Unrestorable> {
+    fn nccl(&self, ranks: &[(i32, String)]) -> Option<Refusal> {
         let t = self.0.lock().unwrap();
-        nccl::check(ranks, |p| {
+        refusal::nccl(ranks, |p| {
             t.nccl_config.get(&p).cloned().unwrap_or_default()
         })
     }
@@ -318,17 +320,24 @@ impl Procs for Tree {
             None => Vec::new(),
         })
     }
-    fn io_uring(&self, pid: i32) -> Option<cuda_checkpoint_ctl::process::IoUring> {
-        self.0
-            .lock()
-            .unwrap()
-            .uring
-            .contains(&pid)
-            .then(|| cuda_checkpoint_ctl::process::IoUring {
-                fds: 1,
-                mappings: 2,
-                libraries: vec!["libtorch_cpu.so".into()],
-            })
+    fn io_uring(&self, pid: i32, support: RingSupport) -> Option<Refusal> {
+        let t = self.0.lock().unwrap();
+        let busy = t.busy_uring.contains(&pid);
+        if !t.uring.contains(&pid) || (support == RingSupport::Idle && !busy) {
+            return None;
+        }
+        Some(Refusal::IoUring {
+            pid,
+            comm: "app".into(),
+            support,
+            fds: 1,
+            mappings: 2,
+            rings: busy
+                .then(|| "fd 7: io_uring with 1 request(s) in flight (opcodes 22)".into())
+                .into_iter()
+                .collect(),
+            libraries: vec!["libtorch_cpu.so".into()],
+        })
     }
 }
 
