@@ -432,7 +432,9 @@ setup_gpu() {
 		CDI=/etc/cdi/nvidia.json
 		x 120 cdi "$PY" "$here/gpuspec.py" cdi "$CDI" --kind "$KIND" --gpu "$DRIVER_DIR" || { fail "CDI spec"; return 1; }
 		command -v nvcc >/dev/null || export PATH="$PATH:/usr/local/cuda/bin"
-		x 180 nvcc nvcc -O2 -o "$W/app/ct-app" "$here/ct-app.cu" || { fail "nvcc ct-app.cu"; return 1; }
+		# Code for this machine's GPUs (no JIT in the container); plain nvcc if -arch=native fails.
+		x 180 nvcc nvcc -O2 -arch=native -o "$W/app/ct-app" "$here/ct-app.cu" ||
+			x 180 nvcc-plain nvcc -O2 -o "$W/app/ct-app" "$here/ct-app.cu" || { fail "nvcc ct-app.cu"; return 1; }
 		fact "ct-app links: $(ldd "$W/app/ct-app" | awk '{ print $1 }' | tr '\n' ' ')"
 		cp "$here/train.py" "$W/app/"
 		APP=(/app/ct-app "$GIB" 7 /logs/app.log 200)
