@@ -11,7 +11,8 @@
 #   /usr/local/bin/cuda-checkpoint-ctl
 #   <CRIU plugin dir>/criu_gpu_plugin.so   (/usr/lib/criu, where criu looks by default)
 #   /etc/criu/gpu-plugin.conf          (the plugin's settings, all commented out)
-#   /etc/criu/runc.conf, crun.conf     (criu options for container runtimes, if not present)
+#   /etc/criu/runc.conf, crun.conf     (criu options for container runtimes, if not present; the
+#                                       network lock this node can take on a marked line, always)
 #   /usr/local/bin/criu-gpu            (the operator's command: check, inspect, doctor, image,
 #                                       node checkpoint|drain|restore)
 #   /usr/local/bin/criu-gpu-check      (its old name for `criu-gpu check`)
@@ -86,9 +87,14 @@ for f in libcuda.so.1 libnvidia-ml.so.1; do
 	install_stripped target/release/libcuda.so "$PREFIX/lib/criu-gpu/sim/$f"
 done
 [ -e /etc/criu/gpu-plugin.conf ] || install -m 0644 "$root/container-hooks/gpu-plugin.conf" /etc/criu/gpu-plugin.conf
-for rt in runc crun; do
-	[ -e "/etc/criu/$rt.conf" ] || install -m 0644 "$root/container-hooks/criu/runc.conf" "/etc/criu/$rt.conf"
-done
+# CRIU's settings for container runtimes: the project's where a file does not exist, and in any
+# case the network lock this node can take, on a marked line of its own (criu-gpu decides as it
+# does for `criu-gpu dump`: nftables where this CRIU has it, else iptables; an administrator's
+# own network-lock line is left alone, and reported when this node cannot take it).
+"$PREFIX/bin/criu-gpu" runtime-config --criu "$PREFIX/sbin/criu" \
+	--template "$root/container-hooks/criu/runc.conf" /etc/criu/runc.conf /etc/criu/crun.conf ||
+	echo "warning: container checkpoints through runc or crun will fail on this node until the" \
+		"network lock above is fixed (criu-gpu doctor)" >&2
 # A distribution's older CRIU reads the same plugin directory: it refuses a plugin with more
 # hooks than it knows ("Corrupted plugin"), and with it every command.
 for c in /usr/sbin/criu /usr/bin/criu; do

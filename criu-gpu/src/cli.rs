@@ -77,6 +77,25 @@ pub enum Command {
         #[arg(long = "images")]
         images: Vec<PathBuf>,
     },
+    /// Write the network lock this node can take into CRIU's settings files for container
+    /// runtimes (runc and crun hand CRIU /etc/criu/runc.conf and crun.conf): nftables where this
+    /// CRIU has it, else iptables where its tools run. Only a marked line is written: a file
+    /// that does not exist starts from the project's settings, an administrator's own
+    /// `network-lock` line is left alone (and reported if this node cannot take it).
+    RuntimeConfig {
+        /// The files (default: /etc/criu/runc.conf and /etc/criu/crun.conf).
+        files: Vec<PathBuf>,
+        /// What a file that does not exist starts from (default: the project's
+        /// container-hooks/criu/runc.conf, built in).
+        #[arg(long)]
+        template: Option<PathBuf>,
+        /// The criu to ask (default: $CRIU, then PATH, then /usr/local/sbin/criu).
+        #[arg(long)]
+        criu: Option<PathBuf>,
+        /// Print what would be written; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// An OCI checkpoint image (the format CRI-O restores from) of a checkpoint archive,
     /// written as an OCI layout directory, without buildah.
     Image {

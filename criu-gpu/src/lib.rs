@@ -1,7 +1,8 @@
 //! `criu-gpu`, the operator's command around GPU checkpoints: `dump` and `restore` take a GPU
 //! job through CRIU with the options it needs ([`job`]); `check` and `inspect` read a
-//! checkpoint wherever it is ([`archive`]), `doctor` looks at this node ([`doctor`]), and
-//! `node` checkpoints, drains and restores the GPU workloads of a Kubernetes node ([`node`]),
+//! checkpoint wherever it is ([`archive`]), `doctor` looks at this node ([`doctor`]),
+//! `runtime-config` writes the network lock it can take into the container runtimes' CRIU
+//! settings ([`runtime_conf`], [`netlock`]), and `node` checkpoints, drains and restores the GPU workloads of a Kubernetes node ([`node`]),
 //! writing checkpoint archives as OCI images ([`oci`]) that CRI-O restores from.
 
 pub mod archive;
@@ -12,6 +13,8 @@ pub mod error;
 pub mod human;
 pub mod inspect;
 pub mod job;
+pub mod netlock;
 pub mod node;
 pub mod oci;
 pub mod out;
+pub mod runtime_conf;

@@ -134,6 +134,12 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             }
             Ok(if ready { 0 } else { 1 })
         }
+        Command::RuntimeConfig {
+            files,
+            template,
+            criu,
+            dry_run,
+        } => runtime_config(files, template, criu, dry_run, json),
         Command::Image {
             archive,
             container,
@@ -335,4 +341,67 @@ fn job_request(dir: std::path::PathBuf, a: cli::JobArgs, verbose: bool) -> job::
         extra: a.extra,
         verbose,
     }
+}
+
+/// `criu-gpu runtime-config`: exit status 1 when the runtimes' CRIU will not be able to lock a
+/// container's network on this node (nothing it can take, or an own setting it cannot take).
+fn runtime_config(
+    files: Vec<std::path::PathBuf>,
+    template: Option<std::path::PathBuf>,
+    criu: Option<std::path::PathBuf>,
+    dry_run: bool,
+    json: bool,
+) -> Result<u8, Error> {
+    use criu_gpu::netlock::NodeLocks;
+    use criu_gpu::runtime_conf;
+    let criu = criu.or_else(criu_gpu::criu_bin::find_criu).ok_or_else(|| {
+        Error::Refused(
+            "criu not found ($CRIU, PATH, /usr/local/sbin, /usr/sbin): it is what tells \
+                 whether this node can take an nftables lock; install it first \
+                 (scripts/install-criu.sh) or name it with --criu"
+                .into(),
+        )
+    })?;
+    let template = match template {
+        Some(t) => std::fs::read_to_string(&t)
+            .map_err(|e| Error::Usage(format!("--template {}: {e}", t.display())))?,
+        None => runtime_conf::TEMPLATE.to_owned(),
+    };
+    let files = if files.is_empty() {
+        runtime_conf::RUNTIMES
+            .iter()
+            .map(|(_, f)| std::path::PathBuf::from(f))
+            .collect()
+    } else {
+        files
+    };
+    let node = NodeLocks::probe(&criu);
+    let done = runtime_conf::apply(&files, &template, node, dry_run)
+        .map_err(|e| Error::Refused(format!("writing CRIU's settings: {e}")))?;
+    let problem = done.iter().any(|(r, _)| r.outcome.is_problem());
+    if json {
+        let results: Vec<_> = done.iter().map(|(r, _)| r).collect();
+        out::json(&serde_json::json!({
+            "node": node,
+            "choice": node.choose(),
+            "dry_run": dry_run,
+            "files": results,
+        }));
+    } else {
+        for (r, new) in &done {
+            out::line(r.describe(node));
+            if let (true, Some(new)) = (dry_run, new) {
+                for l in new.lines() {
+                    out::line(format!("  | {l}"));
+                }
+            }
+        }
+        if node.choose().is_none() {
+            out::line(format!(
+                "WARNING: this node can take no network lock: {}",
+                NodeLocks::NO_LOCK_FIX
+            ));
+        }
+    }
+    Ok(u8::from(problem))
 }

@@ -27,6 +27,8 @@ pub struct Config {
     pub socket: PathBuf,
     pub gpus: Vec<GpuSpec>,
     pub driver_version: String,
+    /// The GPUs have device nodes /dev/nvidiaN, N their index (NVML reports the minor numbers).
+    pub device_nodes: bool,
 }
 
 /// Parses `512MiB`, `4GiB`, `2G`, `1048576`.
@@ -98,10 +100,12 @@ pub fn serve(cfg: Config) -> io::Result<()> {
         devices: cfg
             .gpus
             .iter()
-            .map(|g| DeviceDesc {
+            .enumerate()
+            .map(|(i, g)| DeviceDesc {
                 uuid: g.uuid,
                 name: g.name.clone(),
                 total_memory: g.memory,
+                minor: cfg.device_nodes.then_some(i as u32),
             })
             .collect(),
         driver_version: cfg.driver_version.clone(),
@@ -323,6 +327,7 @@ mod tests {
                 uuid: [1; 16],
             }],
             driver_version: "x".into(),
+            device_nodes: true,
         };
         std::thread::spawn(move || serve(cfg));
         let connect = || loop {
@@ -336,7 +341,12 @@ mod tests {
             proto::recv_answer(s).unwrap()
         };
         let mut app = connect();
-        call(&mut app, Request::Hello { app: true }).unwrap();
+        match call(&mut app, Request::Hello { app: true }) {
+            Ok(Reply::Hello { devices, .. }) => {
+                assert_eq!(devices[0].minor, Some(0), "--device-nodes: /dev/nvidia0")
+            }
+            other => panic!("{other:?}"),
+        }
         let alloc = |size| Request::Alloc {
             device: 0,
             dptr: 64,

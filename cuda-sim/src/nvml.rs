@@ -10,6 +10,7 @@ pub mod ret {
     pub const SUCCESS: u32 = 0;
     pub const UNINITIALIZED: u32 = 1;
     pub const INVALID_ARGUMENT: u32 = 2;
+    pub const NOT_SUPPORTED: u32 = 3;
     pub const INSUFFICIENT_SIZE: u32 = 7;
     pub const DRIVER_NOT_LOADED: u32 = 9;
     pub const UNKNOWN: u32 = 999;
@@ -20,6 +21,7 @@ pub fn error_string(r: u32) -> &'static str {
         ret::SUCCESS => "Success\0",
         ret::UNINITIALIZED => "Uninitialized\0",
         ret::INVALID_ARGUMENT => "Invalid Argument\0",
+        ret::NOT_SUPPORTED => "Not Supported\0",
         ret::INSUFFICIENT_SIZE => "Insufficient Size\0",
         ret::DRIVER_NOT_LOADED => "Driver Not Loaded\0",
         _ => "Unknown Error\0",

@@ -27,6 +27,9 @@ pub struct DeviceDesc {
     pub uuid: [u8; 16],
     pub name: String,
     pub total_memory: u64,
+    /// The N of the GPU's device node /dev/nvidiaN, as NVML reports it; `None`: the simulated
+    /// machine has no device nodes (NVML answers "not supported").
+    pub minor: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -314,6 +317,12 @@ pub fn send_answer(w: &mut impl Write, answer: &Answer) -> io::Result<()> {
                     .bytes(d.name.as_bytes())
                     .u64(d.total_memory);
             }
+            // The device nodes after the list, so that a reader built before them still reads
+            // the rest.
+            e = e.u8(1);
+            for d in devices {
+                e = e.u32(d.minor.unwrap_or(u32::MAX));
+            }
             e
         }
         Ok(Reply::Done) => Enc::default().u32(0).u8(1),
@@ -350,7 +359,15 @@ pub fn recv_answer(r: &mut impl Read) -> io::Result<Answer> {
                     uuid,
                     name,
                     total_memory: d.u64()?,
+                    minor: None,
                 });
+            }
+            // A daemon built before device nodes sends none.
+            if d.0.first() == Some(&1) {
+                d.u8()?;
+                for dev in &mut devices {
+                    dev.minor = Some(d.u32()?).filter(|m| *m != u32::MAX);
+                }
             }
             Reply::Hello {
                 driver_version,
@@ -432,7 +449,25 @@ mod tests {
                     uuid: [7; 16],
                     name: "Sim".into(),
                     total_memory: 1 << 30,
+                    minor: None,
                 }],
+            }),
+            Ok(Reply::Hello {
+                driver_version: "580.00-sim".into(),
+                devices: vec![
+                    DeviceDesc {
+                        uuid: [7; 16],
+                        name: "Sim".into(),
+                        total_memory: 1 << 30,
+                        minor: Some(0),
+                    },
+                    DeviceDesc {
+                        uuid: [8; 16],
+                        name: "Sim".into(),
+                        total_memory: 1 << 30,
+                        minor: Some(1),
+                    },
+                ],
             }),
             Ok(Reply::Done),
             Ok(Reply::Data(vec![9; 10])),

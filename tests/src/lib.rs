@@ -188,6 +188,9 @@ pub struct SimSpec<'a> {
     pub memory: &'a str,
     /// Names the machine: GPU UUIDs derive from it.
     pub seed: &'a str,
+    /// The GPUs have device nodes /dev/nvidiaN (`cuda-sim-gpud --device-nodes`): a restored
+    /// process must find its GPUs' nodes in its root, as a container on a real GPU must.
+    pub device_nodes: bool,
 }
 
 impl Default for SimSpec<'_> {
@@ -196,6 +199,7 @@ impl Default for SimSpec<'_> {
             gpus: 1,
             memory: "1GiB",
             seed: "machine-a",
+            device_nodes: false,
         }
     }
 }
@@ -235,6 +239,7 @@ impl Sim {
             .args(["--socket", socket.to_str().unwrap()])
             .args(["--gpus", &spec.gpus.to_string(), "--memory", spec.memory])
             .args(["--uuid-seed", spec.seed])
+            .args(spec.device_nodes.then_some("--device-nodes"))
             .stdout(Stdio::null())
             .stderr(fs::File::create(dir.join("gpud.log")).unwrap())
             .spawn()

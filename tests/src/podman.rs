@@ -15,6 +15,13 @@ pub fn podman(args: &[&str]) -> Output {
         .expect("run podman")
 }
 
+/// Podman's tests share the plugin's settings file (/etc/criu/gpu-plugin.conf, what runc's CRIU
+/// reads): one at a time. Held for the whole test.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Podman and runc, or a panic saying how to get them.
 pub fn require() {
     for tool in ["podman", "runc"] {
@@ -50,6 +57,18 @@ impl Image {
     /// `podman run -d` of the test application with the simulated GPU's socket mounted in, as
     /// NVIDIA's container toolkit mounts /dev/nvidia*.
     pub fn run(&self, sim: &Sim, container: &str, logs: &Path, app_args: &[&str]) -> Output {
+        self.run_with(sim, container, logs, &[], app_args)
+    }
+
+    /// `run` with more podman options (a CDI device, an annotation).
+    pub fn run_with(
+        &self,
+        sim: &Sim,
+        container: &str,
+        logs: &Path,
+        podman_args: &[&str],
+        app_args: &[&str],
+    ) -> Output {
         let sock_mount = format!("{}:/run/cuda-sim", sim.socket.parent().unwrap().display());
         let log_mount = format!("{}:/logs", logs.display());
         let mut a = vec![
@@ -74,11 +93,14 @@ impl Image {
             "LD_LIBRARY_PATH=/opt/sim/lib",
             "-e",
             "CUDA_SIM_SOCKET=/run/cuda-sim/gpud.sock",
+        ];
+        a.extend_from_slice(podman_args);
+        a.extend_from_slice(&[
             &self.name,
             "/usr/bin/cuda-sim-app",
             "--log",
             "/logs/app.log",
-        ];
+        ]);
         a.extend_from_slice(app_args);
         podman(&a)
     }
@@ -135,4 +157,53 @@ pub fn container_log(container: &str, name: &str) -> String {
         .join("userdata")
         .join(name);
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// A CDI spec of the simulated GPUs, as NVIDIA's container toolkit writes one for real GPUs
+/// (devices "0", "1", ..., "all", each with its /dev/nvidiaN), in /var/run/cdi while alive. The
+/// device nodes are made up (char 195:N, never opened): a container given them holds the nodes a
+/// real GPU's container holds, and `cuda-sim-gpud --device-nodes` makes the plugin want them.
+pub struct Cdi {
+    path: PathBuf,
+    pub kind: String,
+}
+
+impl Cdi {
+    pub fn write(gpus: u32) -> Cdi {
+        let kind = "criu-gpu-test.example/gpu".to_owned();
+        let node = |n: u32| serde_json::json!({"path": format!("/dev/nvidia{n}"), "type": "c", "major": 195, "minor": n});
+        let mut devices: Vec<serde_json::Value> = (0..gpus)
+            .map(|n| serde_json::json!({"name": n.to_string(), "containerEdits": {"deviceNodes": [node(n)]}}))
+            .collect();
+        devices.push(serde_json::json!({
+            "name": "all",
+            "containerEdits": {"deviceNodes": (0..gpus).map(node).collect::<Vec<_>>()}
+        }));
+        let spec = serde_json::json!({
+            "cdiVersion": "0.5.0",
+            "kind": kind,
+            "devices": devices,
+            "containerEdits": {"deviceNodes": [
+                {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}
+            ]},
+        });
+        let path = PathBuf::from(format!(
+            "/var/run/cdi/criu-gpu-test-{}.json",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+        Cdi { path, kind }
+    }
+
+    /// `--device` for GPU `name` ("0", "all", ...).
+    pub fn device(&self, name: &str) -> String {
+        format!("{}={name}", self.kind)
+    }
+}
+
+impl Drop for Cdi {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }

@@ -226,3 +226,63 @@ fn doctor_reports_each_check_and_names_empty_library_paths() {
     assert_eq!(gpus["status"], "fail");
     assert!(gpus["fix"].as_str().unwrap().contains("--nvml"), "{gpus}");
 }
+
+#[test]
+fn runtime_config_writes_the_lock_this_node_can_take_and_leaves_own_lines_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (runc, crun) = (dir.path().join("runc.conf"), dir.path().join("crun.conf"));
+    std::fs::write(&crun, "timeout 900\nnetwork-lock skip\n").unwrap();
+    let criu = gpu_ckpt_tests::criu::criu_binary();
+    let run = |extra: &[&str]| {
+        Command::new(artifact("criu-gpu"))
+            .arg("runtime-config")
+            .arg("--criu")
+            .arg(&criu)
+            .args(extra)
+            .arg(&runc)
+            .arg(&crun)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--json"]);
+    assert_eq!(exit_code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    let r = json(&out);
+    // What this node's CRIU says, asked directly.
+    let nft = Command::new(&criu)
+        .args(["check", "--feature", "network_lock_nftables"])
+        .output()
+        .unwrap()
+        .status
+        .success();
+    let want = if nft { "nftables" } else { "iptables" };
+    assert_eq!(r["choice"], want, "{r}");
+    assert_eq!(r["files"][0]["action"], "created", "{r}");
+    assert_eq!(r["files"][1]["action"], "own", "{r}");
+    let text = std::fs::read_to_string(&runc).unwrap();
+    assert!(
+        text.contains("timeout 600"),
+        "the project's settings: {text}"
+    );
+    assert!(
+        text.ends_with(&format!("\nnetwork-lock {want}\n")),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&crun).unwrap(),
+        "timeout 900\nnetwork-lock skip\n"
+    );
+    // CRIU reads the file it wrote.
+    let check = Command::new(&criu)
+        .arg("--config")
+        .arg(&runc)
+        .arg("check")
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", stderr(&check));
+    let out = run(&[]);
+    assert!(
+        stdout(&out).contains("unchanged"),
+        "a second run changes nothing: {}",
+        stdout(&out)
+    );
+}

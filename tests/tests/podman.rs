@@ -29,6 +29,7 @@ fn ok(out: &std::process::Output, what: &str) {
 #[test]
 fn a_gpu_container_is_exported_removed_and_imported_with_its_device_data() {
     podman::require();
+    let _one = podman::serial();
     let mut sim = Sim::start();
     let image = Image::build(&sim.dir);
     let logs = sim.dir.join("logs");
@@ -166,4 +167,160 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = podman(&["rm", "-f", &self.0]);
     }
+}
+
+/// `podman ARGS`, killed after two minutes: a restore that never ends fails the test.
+fn podman_bounded(args: &[&str]) -> std::process::Output {
+    let mut c = Command::new("podman");
+    c.args(args);
+    gpu_ckpt_tests::containerd::run_bounded(c, Duration::from_secs(120))
+}
+
+/// A container's device nodes come back from its checkpoint (runc restores /dev, a tmpfs, from
+/// CRIU's image, and Podman the spec saved in the archive), so a container given GPU 0 cannot
+/// take its state to GPU 1: the plugin refuses, naming the missing /dev/nvidia1, and the restore
+/// ends (it once hung runc and podman for ever: the tree was killed while CRIU still traced it),
+/// the archive restorable as before. A container given every GPU's node is restored onto GPU 1
+/// with CRIU_GPU_DEVICE_MAP. scripts/gpu/containers/run.sh does the same on real GPUs.
+#[test]
+fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
+    podman::require();
+    let _one = podman::serial();
+    let sim = Sim::with(SimSpec {
+        gpus: 2,
+        device_nodes: true,
+        ..SimSpec::default()
+    });
+    let image = Image::build(&sim.dir);
+    let cdi = podman::Cdi::write(2);
+    let logs = sim.dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    // CRIU's settings for runc: the plugin under test.
+    let criu = criu::Criu::new(&sim);
+    let criu_conf = sim.dir.join("criu-runc.conf");
+    std::fs::write(
+        &criu_conf,
+        format!("lib {}\ntimeout 600\n", criu.plugins.display()),
+    )
+    .unwrap();
+    let annotation = format!("org.criu.config={}", criu_conf.display());
+    let name = format!("criu-gpu-test-other-{}", std::process::id());
+    let _cleanup = Cleanup(name.clone());
+    let uuids = sim.gpu_uuids();
+    let mut settings = Settings::for_sim(&sim);
+    let map = format!("CRIU_GPU_DEVICE_MAP={}={}", uuids[0], uuids[1]);
+    let app = App {
+        pid: 0,
+        log: logs.join("app.log"),
+    };
+    let archive = sim.dir.join("gpu0.tar");
+    let archive = archive.to_str().unwrap();
+
+    // Given GPU 0 only.
+    let conf = Settings::set(&settings);
+    let dev0 = cdi.device("0");
+    ok(
+        &image.run_with(
+            &sim,
+            &name,
+            &logs,
+            &["--device", &dev0, "--annotation", &annotation],
+            &["--mib", "16", "--interval-ms", "50"],
+        ),
+        "podman run with the GPU by CDI",
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || app.steps() > 2),
+        "{}",
+        app.tail()
+    );
+    ok(
+        &podman_bounded(&[
+            "container",
+            "checkpoint",
+            "--compress",
+            "none",
+            "--export",
+            archive,
+            &name,
+        ]),
+        "checkpoint",
+    );
+    ok(&podman(&["rm", &name]), "podman rm");
+    drop(conf);
+    settings.push(map.clone());
+    let conf = Settings::set(&settings);
+    let start = std::time::Instant::now();
+    let out = podman_bounded(&["container", "restore", "--keep", "--import", archive]);
+    assert!(!out.status.success(), "restored without /dev/nvidia1");
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "the refused restore took {:?}: {}",
+        start.elapsed(),
+        stderr(&out)
+    );
+    let log = container_log(&name, "restore.log");
+    assert!(
+        log.contains("its root file system has no /dev/nvidia1"),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    assert_eq!(sim.gpus()[1].1, 0, "nothing is left on GPU 1");
+    ok(&podman(&["rm", "-f", "-t", "0", &name]), "podman rm -f");
+    // The archive as it was: restored where it ran.
+    drop(conf);
+    settings.retain(|s| s != &map);
+    let conf = Settings::set(&settings);
+    ok(
+        &podman_bounded(&["container", "restore", "--import", archive]),
+        "restore on GPU 0",
+    );
+    assert!(app.advances(5), "{}", app.tail());
+    app.assert_healthy();
+    assert_eq!(sim.gpus()[0].1, 16 << 20);
+    ok(&podman(&["rm", "-f", "-t", "0", &name]), "podman rm -f");
+
+    // Given every GPU's node: its state goes to GPU 1.
+    let all = cdi.device("all");
+    ok(
+        &image.run_with(
+            &sim,
+            &name,
+            &logs,
+            &["--device", &all, "--annotation", &annotation],
+            &["--mib", "16", "--interval-ms", "50"],
+        ),
+        "podman run with every GPU",
+    );
+    assert!(app.advances(3), "{}", app.tail());
+    ok(
+        &podman_bounded(&[
+            "container",
+            "checkpoint",
+            "--compress",
+            "none",
+            "--export",
+            archive,
+            &name,
+        ]),
+        "checkpoint",
+    );
+    ok(&podman(&["rm", &name]), "podman rm");
+    drop(conf);
+    settings.push(map);
+    let _conf = Settings::set(&settings);
+    ok(
+        &podman_bounded(&["container", "restore", "--import", archive]),
+        "restore onto GPU 1",
+    );
+    assert!(app.advances(5), "{}", app.tail());
+    app.assert_healthy();
+    let gpus = sim.gpus();
+    assert_eq!(
+        (gpus[0].1, gpus[1].1),
+        (0, 16 << 20),
+        "the state is on GPU 1"
+    );
+    // Hand the simulated GPU back before the Sim goes.
+    let _ = podman(&["rm", "-f", "-t", "0", &name]);
 }

@@ -20,7 +20,7 @@ use cuda_checkpoint_ctl::process::{self, TcpState};
 use serde::Serialize;
 
 use self::facts::JobFacts;
-use self::plan::{NetworkLock, Plan, Problem};
+use self::plan::{Plan, Problem};
 use self::record::JobRecord;
 use crate::{criu_bin, out};
 
@@ -149,7 +149,7 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
     let mut facts = JobFacts::read(pid).ok_or(JobError::NoProcess(pid))?;
     facts.confirm_cuda();
     let lock = if facts.established().next().is_some() {
-        NetworkLock::detect(&criu)
+        crate::netlock::NodeLocks::probe(&criu).choose()
     } else {
         None
     };

@@ -2,15 +2,13 @@
 //! need, each with the reason, and the problems that must be fixed before anything is frozen,
 //! each with its fix.
 
-use std::path::Path;
-use std::process::Command;
-
 use cuda_checkpoint_ctl::nccl;
 use cuda_checkpoint_ctl::refusal::{self, Refusal, RingSupport};
 use serde::Serialize;
 
 use super::facts::JobFacts;
 use crate::human::bytes;
+pub use crate::netlock::NetworkLock;
 
 /// CRIU copies unlinked files into the images whole, up to `--ghost-limit` (1 MiB by default).
 const GHOST_DEFAULT: u64 = 1 << 20;
@@ -31,34 +29,6 @@ pub struct Problem {
 pub struct Choice {
     pub args: Vec<String>,
     pub why: String,
-}
-
-/// The network lock this node can take while TCP connections are dumped and restored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum NetworkLock {
-    Nftables,
-    Iptables,
-}
-
-impl NetworkLock {
-    /// What this node's CRIU and tools can do: nftables through CRIU's own library where it was
-    /// built with it (no tool needed), else iptables where iptables-restore runs.
-    pub fn detect(criu: &Path) -> Option<NetworkLock> {
-        let ok = |cmd: &mut Command| cmd.output().is_ok_and(|o| o.status.success());
-        if ok(Command::new(criu).args(["check", "--feature", "network_lock_nftables"])) {
-            return Some(NetworkLock::Nftables);
-        }
-        let ipt = ok(Command::new("iptables-restore").arg("--version"))
-            && ok(Command::new("ip6tables-restore").arg("--version"));
-        ipt.then_some(NetworkLock::Iptables)
-    }
-
-    fn word(self) -> &'static str {
-        match self {
-            NetworkLock::Nftables => "nftables",
-            NetworkLock::Iptables => "iptables",
-        }
-    }
 }
 
 /// The dump's plan.
@@ -192,7 +162,7 @@ impl Plan {
                        nftables (this CRIU was built without it) nor with iptables \
                        (iptables-restore is missing)"
                     .into(),
-                fix: "install iptables, or a CRIU built with libnftables".into(),
+                fix: crate::netlock::NodeLocks::NO_LOCK_FIX.into(),
             }),
         }
         let outside = facts.outside_connections();

@@ -3,6 +3,7 @@
 //! the call), and what CRIU offers a backend ([`Host`]).
 
 pub mod error;
+pub mod kill;
 pub mod stats;
 pub mod threads;
 

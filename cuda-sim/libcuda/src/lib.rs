@@ -508,6 +508,21 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     })
 }
 
+/// The N of /dev/nvidiaN: only where the simulated machine has device nodes
+/// (`cuda-sim-gpud --device-nodes`), as a driver without them would answer.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    dev: *mut c_void,
+    minor: *mut c_uint,
+) -> NvmlReturn {
+    nvml_ret(|| {
+        let d = nvml::device(nvml_index(dev)?)?;
+        let m = d.minor.ok_or(nvml::ret::NOT_SUPPORTED)?;
+        // SAFETY: out-parameter per nvml.h.
+        unsafe { put(minor, m) }.map_err(|_| nvml::ret::INVALID_ARGUMENT)
+    })
+}
+
 /// `nvmlMemory_t`.
 #[repr(C)]
 pub struct NvmlMemory {

@@ -27,6 +27,12 @@ struct Args {
     /// Fully described GPUs, NAME:MEMORY[:UUID], instead of --gpus/--memory/--name.
     #[arg(long = "gpu")]
     gpu: Vec<String>,
+    /// The GPUs have device nodes, /dev/nvidiaN for GPU N, as NVML reports them: a restored
+    /// process must find its GPUs' nodes in its root file system, as on a real GPU (a container
+    /// given them, e.g. by a CDI spec with made-up char 195:N nodes). Off: NVML reports none and
+    /// the plugin checks none (processes of this machine have no /dev/nvidia*).
+    #[arg(long)]
+    device_nodes: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -65,6 +71,7 @@ fn main() -> anyhow::Result<()> {
         socket: args.socket.into(),
         gpus,
         driver_version: cuda_sim::DRIVER_VERSION.into(),
+        device_nodes: args.device_nodes,
     })?;
     Ok(())
 }

@@ -34,6 +34,7 @@ fn machine(n: u32, mib: u64) -> (String, Vec<[u8; 16]>) {
         socket: socket.clone(),
         gpus,
         driver_version: "test".into(),
+        device_nodes: false,
     };
     std::thread::spawn(move || gpud::serve(cfg));
     while UnixStream::connect(&socket).is_err() {

@@ -292,11 +292,9 @@ impl Backend for Amd {
             }
             Err(e) if e.is_no_such_process() => Ok(Verdict::NotMine),
             Err(e) => {
-                // CRIU ignores this hook's errors: end the process so the restore fails.
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                // CRIU ignores this hook's errors: end the process so the restore fails (and
+                // reap what CRIU, its tracer, must reap: core::kill).
+                crate::core::kill::kill_and_reap(pid, std::time::Duration::from_secs(5));
                 Err(HookError::Backend(format!(
                     "resuming process {pid} on its GPUs failed ({e}); it was killed so that criu \
                      reports the failure: the images are unchanged"

@@ -22,6 +22,7 @@ pub trait Procs: Send {
     fn tracer(&self, pid: i32) -> i32;
     /// Whether `/dev/nvidiaN` exists in the process's root file system (a container's).
     fn has_gpu_node(&self, pid: i32, minor: u32) -> bool;
+    /// Kills a restored process (and reaps what CRIU, its tracer, must reap).
     fn kill(&self, pid: i32);
     /// The refusal of `ranks` (CUDA processes of one node with NCCL loaded) whose NCCL settings
     /// leave a transport on that the driver cannot restore (`cuda_checkpoint_ctl::refusal`).
@@ -87,9 +88,7 @@ impl Procs for Real {
         process::maps::anon_writable(pid)
     }
     fn kill(&self, pid: i32) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        // CRIU holds the restored threads in ptrace-stop: reap what only it can (core::kill).
+        crate::core::kill::kill_and_reap(pid, std::time::Duration::from_secs(5));
     }
 }
