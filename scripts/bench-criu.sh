@@ -62,6 +62,7 @@ fi
 CRIU=${CRIU:-$(command -v criu || echo /usr/local/sbin/criu)}
 CRIU_STOCK=${CRIU_STOCK:-$(command -v criu-stock || echo /usr/local/lib/criu-gpu/stock/criu)}
 CTL=${CTL:-$(command -v cuda-checkpoint-ctl || echo /usr/local/bin/cuda-checkpoint-ctl)}
+CRIU_GPU=${CRIU_GPU:-$(command -v criu-gpu || echo /usr/local/bin/criu-gpu)}
 PLUGINS=$(realpath "${PLUGINS:-/usr/lib/criu}")
 UPSTREAM_PLUGINS=$(realpath "${UPSTREAM_PLUGINS:-/usr/local/lib/criu-gpu/upstream-cuda}")
 IMAGES=${IMAGES:-/dev/shm/bench-criu}
@@ -70,15 +71,13 @@ if [ -n "$ON_DISK" ]; then
 	IMAGES=$ON_DISK/bench-criu
 	DISK=$ON_DISK
 fi
-THP_SYSFS=/sys/kernel/mm/transparent_hugepage/enabled
-thp_before=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$THP_SYSFS" 2>/dev/null)
 WORK=${WORK:-/tmp/bench-criu}
 SIM=${SIM:-/usr/local/lib/criu-gpu/sim}
 # shellcheck source=scripts/gpu/lib.sh
 . "$here/gpu/lib.sh"
 
 die() { echo "bench-criu.sh: $*" >&2; exit 1; }
-for f in "$CRIU" "$CRIU_STOCK" "$CTL"; do [ -x "$f" ] || die "$f not found (see the environment above)"; done
+for f in "$CRIU" "$CRIU_STOCK" "$CTL" "$CRIU_GPU"; do [ -x "$f" ] || die "$f not found (see the environment above)"; done
 [ -e "$PLUGINS/criu_gpu_plugin.so" ] || die "no criu_gpu_plugin.so in $PLUGINS (set PLUGINS)"
 [ -e "$UPSTREAM_PLUGINS/cuda_plugin.so" ] || die "no cuda_plugin.so in $UPSTREAM_PLUGINS (set UPSTREAM_PLUGINS)"
 [ "$(id -u)" = 0 ] || die "run as root (CRIU dumps and restores the applications)"
@@ -89,7 +88,6 @@ cleanup() {
 	[ -z "$daemon" ] || kill "$daemon" 2>/dev/null
 	rm -f "$DISK/bench-criu.ceiling"
 	[ -n "${KEEP:-}" ] || rm -rf "$IMAGES"
-	[ -z "$thp_before" ] || echo "$thp_before" >"$THP_SYSFS" 2>/dev/null
 }
 trap cleanup EXIT
 rm -rf "$WORK" "$IMAGES"
@@ -202,18 +200,18 @@ pages_restore() { # the patched CRIU's summary lines, else the span of the resto
 # status files in $statuses) with STACK; appends a result line.
 run() {
 	local case=$1 stack=$2 dir="$IMAGES/run" t0 dump_s restore_s ok=1 i
-	local criu=$CRIU lib=$PLUGINS env=() thp=
+	local criu=$CRIU lib=$PLUGINS env=() thp=()
 	case $stack in
 	stock) criu=$CRIU_STOCK ;;
 	cplug) criu=$CRIU_STOCK lib=$UPSTREAM_PLUGINS env=(PATH="$WORK/bin:$PATH" "${CPLUG_ENV[@]}") ;;
 	ours-seq) env=(CRIU_GPU_OVERLAP=0) ;;
 	ours-nothp) env=(CRIU_GPU_THP=off) ;;
-	ours-thp) thp=always ;;
+	# Huge pages at always for the whole dump and restore, raised and put back the plugin's way.
+	ours-thp) thp=("$CRIU_GPU" thp --) ;;
 	esac
-	[ -z "$thp" ] || echo "$thp" >"$THP_SYSFS"
 	rm -rf "$dir" && mkdir -p "$dir"
 	t0=$(now)
-	if ! env "${env[@]}" timeout 900 "$criu" dump -t "$root" -D "$dir" --lib "$lib" -v4 -o dump.log \
+	if ! env "${env[@]}" timeout 900 "${thp[@]}" "$criu" dump -t "$root" -D "$dir" --lib "$lib" -v4 -o dump.log \
 		--display-stats >"$dir/stats.out" 2>&1; then
 		fail "$case/$stack: dump"
 		grep -E 'Error|criu_gpu|cuda_plugin' "$dir/dump.log" | tail -5
@@ -231,13 +229,12 @@ run() {
 		echo 3 >/proc/sys/vm/drop_caches
 	fi
 	t0=$(now)
-	if ! env "${env[@]}" timeout 900 "$criu" restore -D "$dir" -d --lib "$lib" -v4 -o restore.log; then
+	if ! env "${env[@]}" timeout 900 "${thp[@]}" "$criu" restore -D "$dir" -d --lib "$lib" -v4 -o restore.log; then
 		fail "$case/$stack: restore"
 		grep -E 'Error|criu_gpu|cuda_plugin' "$dir/restore.log" | tail -5
 		return 1
 	fi
 	restore_s=$(elapsed "$t0")
-	[ -z "$thp" ] || echo "$thp_before" >"$THP_SYSFS"
 	for i in "${!apps[@]}"; do app_check "${apps[$i]}" "${statuses[$i]}" || ok=0; done
 	if [ $ok = 1 ]; then
 		pass "$case/$stack: data intact bit for bit after restore"

@@ -116,6 +116,14 @@ pub enum Command {
     /// Kubernetes: checkpoint, drain and restore the GPU workloads of a node.
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Runs a command with the node's transparent huge pages at `always`, raised and put back
+    /// as the plugin does for a GPU checkpoint (shared with dumps running meanwhile; put back
+    /// whatever ends the command). For benchmarks.
+    Thp {
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -200,6 +200,30 @@ fn criu() -> Vec<Finding> {
         ),
         Ok(_) => ok("plugin", format!("{} ({why})", plugin.display())),
     });
+    // A distribution's older CRIU reads the same plugin directory: it refuses a plugin with more
+    // hooks than it knows ("Corrupted plugin"), and with it every command.
+    for c in ["/usr/sbin/criu", "/usr/bin/criu"].map(PathBuf::from) {
+        if c == bin {
+            continue;
+        }
+        if let Some((_, _, v)) = criu_bin::version_of(&c).filter(|(m, _, _)| *m < 4) {
+            f.push(problem(
+                "criu",
+                Status::Warn,
+                format!(
+                    "{} is CRIU {v}, older than 4.0: it loads {} too and fails on \
+                     criu_gpu_plugin.so (\"Corrupted plugin\")",
+                    c.display(),
+                    dir.display()
+                ),
+                format!(
+                    "remove that package, or give it another plugin directory (CRIU_LIBS_DIR); \
+                     {} is the one to use",
+                    bin.display()
+                ),
+            ));
+        }
+    }
     for other in ["cuda_plugin.so", "amdgpu_plugin.so"] {
         if dir.join(other).exists() {
             f.push(problem(

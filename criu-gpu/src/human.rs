@@ -2,43 +2,10 @@
 
 use std::time::Duration;
 
-/// `1536` -> `1.5 KiB`.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[unit])
-    }
-}
-
-/// Throughput in decimal GB/s, as storage and networks are rated.
-pub fn gbps(bytes: u64, took: Duration) -> String {
-    let secs = took.as_secs_f64().max(1e-3);
-    format!("{:.2} GB/s", bytes as f64 / 1e9 / secs)
-}
+pub use cuda_checkpoint_ctl::units::{bytes, gbps};
 
 pub fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_read_naturally() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(1536), "1.50 KiB");
-        assert_eq!(bytes(16 << 30), "16.00 GiB");
-        assert_eq!(gbps(2_000_000_000, Duration::from_secs(1)), "2.00 GB/s");
-    }
 }
 
 /// `t` as RFC 3339 in UTC (`2024-05-01T12:00:00Z`), as Kubernetes and OCI write times.

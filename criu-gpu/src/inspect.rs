@@ -151,7 +151,9 @@ pub fn gpu_lines(gpu: &Inspection) -> Vec<String> {
                 .gpus
                 .iter()
                 .map(|u| match u.memory {
-                    Some(m) => format!("{} ({:.2} GiB)", u.uuid, m as f64 / (1u64 << 30) as f64),
+                    Some(m) => {
+                        format!("{} ({:.2} GiB)", u.uuid, cuda_checkpoint_ctl::units::gib(m))
+                    }
                     None => u.uuid.clone(),
                 })
                 .collect();

@@ -98,6 +98,7 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             Ok(0)
         }
         Command::Check { path } => check(&path, json),
+        Command::Thp { command } => with_huge_pages(&command),
         Command::Inspect { path } => {
             let c = Checkpoint::open(&path)?;
             let r = inspect::report(&path, &c);
@@ -331,6 +332,26 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
             Ok(1)
         }
     }
+}
+
+/// `criu-gpu thp -- CMD`: CMD with huge pages at `always`, through the guardians' own raise and
+/// put-back (gpu_image::thp), never by writing the knob here.
+fn with_huge_pages(command: &[String]) -> Result<u8, Error> {
+    use criu_gpu_image::thp::{Thp, Want};
+    let thp = Thp::default();
+    let me = std::process::id() as i32;
+    let raised = thp
+        .raise(Want::Always, me)
+        .map_err(|e| Error::Usage(format!("transparent huge pages: {e}")))?;
+    tracing::info!("transparent huge pages: {raised:?}");
+    let status = std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .status();
+    if let Err(e) = thp.lower(me) {
+        tracing::warn!("transparent huge pages could not be put back: {e}");
+    }
+    let status = status.map_err(|e| Error::Usage(format!("{}: {e}", command[0])))?;
+    Ok(status.code().map_or(1, |c| c.clamp(0, 255) as u8))
 }
 
 fn job_request(dir: std::path::PathBuf, a: cli::JobArgs, verbose: bool) -> job::Request {

@@ -18,5 +18,6 @@ pub mod ops;
 pub mod placement;
 pub mod process;
 pub mod refusal;
+pub mod units;
 
 pub use error::{Error, Result};

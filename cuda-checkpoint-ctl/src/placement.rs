@@ -25,9 +25,13 @@ use crate::inventory::{Gpu, GpuUsage};
 #[cfg(test)]
 mod tests;
 
-/// What the operator asked for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the operator asked for: the one model of a device map (`cuda-checkpoint-ctl
+/// --device-map`, `CRIU_GPU_DEVICE_MAP`, `criu-gpu restore --device-map`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Request {
+    /// Every GPU where it was, by UUID (nothing asked).
+    #[default]
+    Same,
     /// Place every GPU automatically.
     Auto,
     /// These pairs, completed with the GPUs they do not name.
@@ -37,12 +41,16 @@ pub enum Request {
 impl FromStr for Request {
     type Err = ParseError;
 
-    /// `auto`, or `OLD=NEW[,...]` as `cuda-checkpoint --device-map` takes it.
+    /// `auto`, `same` (or nothing), or `OLD=NEW[,...]` as `cuda-checkpoint --device-map` takes
+    /// it: the one parser of a device map.
     fn from_str(s: &str) -> Result<Request, ParseError> {
-        if s.trim().eq_ignore_ascii_case("auto") {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("auto") {
             Ok(Request::Auto)
+        } else if t.is_empty() || t.eq_ignore_ascii_case("same") {
+            Ok(Request::Same)
         } else {
-            s.parse().map(Request::Pairs)
+            t.parse().map(Request::Pairs)
         }
     }
 }
@@ -143,7 +151,7 @@ pub enum PlacementError {
 }
 
 fn gib(b: u64) -> String {
-    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    format!("{:.2} GiB", crate::units::gib(b))
 }
 
 fn uuids(gpus: &[GpuUuid]) -> String {
@@ -187,6 +195,7 @@ pub fn place(
     let need_of = |u: GpuUuid| need.get(&u).copied().unwrap_or(0);
     let named = match request {
         Request::Auto => Vec::new(),
+        Request::Same => at_checkpoint.iter().map(|g| (g.uuid, g.uuid)).collect(),
         Request::Pairs(m) => m.pairs().to_vec(),
     };
     for &(old, new) in &named {

@@ -11,32 +11,6 @@ use cuda_checkpoint_ctl::placement::{place, Request};
 
 use crate::cuda::{CudaImage, ProcessRecord};
 
-/// How restore chooses GPUs.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum GpuPlacement {
-    /// The GPUs of the checkpoint, by UUID.
-    #[default]
-    Same,
-    /// Same UUID where present, else a free GPU of the same model with room.
-    Auto,
-    /// The operator's pairs (completed into a full map).
-    Map(DeviceMap),
-}
-
-impl std::str::FromStr for GpuPlacement {
-    type Err = String;
-    fn from_str(v: &str) -> Result<GpuPlacement, String> {
-        match v {
-            "auto" => Ok(GpuPlacement::Auto),
-            "same" | "" => Ok(GpuPlacement::Same),
-            map => map
-                .parse()
-                .map(GpuPlacement::Map)
-                .map_err(|e| format!("{e}; use OLD_UUID=NEW_UUID[,...], auto or same")),
-        }
-    }
-}
-
 /// The map to pass the driver (empty: the same GPUs) and what the log should say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -59,7 +33,7 @@ impl Plan {
 }
 
 fn gib(b: u64) -> String {
-    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    format!("{:.2} GiB", cuda_checkpoint_ctl::units::gib(b))
 }
 
 fn describe(gpus: &[Gpu]) -> String {
@@ -118,17 +92,15 @@ impl CudaImage {
 pub fn plan(
     image: &CudaImage,
     here: Option<&Inventory>,
-    placement: &GpuPlacement,
+    request: &Request,
 ) -> Result<Plan, String> {
-    let request = match placement {
-        GpuPlacement::Same => return same(image, here),
-        GpuPlacement::Auto => Request::Auto,
-        GpuPlacement::Map(m) => Request::Pairs(m.clone()),
-    };
+    if *request == Request::Same {
+        return same(image, here);
+    }
     let usage = image.usage();
     let placed =
         match here {
-            Some(here) => place(&image.gpus, &usage, &here.gpus, &request),
+            Some(here) => place(&image.gpus, &usage, &here.gpus, request),
             None if matches!(request, Request::Auto) => return Err(
                 "CRIU_GPU_DEVICE_MAP=auto needs NVML (libnvidia-ml.so.1) to see this machine's \
                  GPUs; give an explicit OLD=NEW map instead"
@@ -139,8 +111,8 @@ pub fn plan(
             None => {
                 return Ok(Plan {
                     map: match request {
-                        Request::Pairs(m) => m,
-                        Request::Auto => DeviceMap::default(),
+                        Request::Pairs(m) => m.clone(),
+                        Request::Auto | Request::Same => DeviceMap::default(),
                     },
                     notes: vec!["NVML is not available: the device map is passed as given".into()],
                     minors: BTreeMap::new(),
@@ -283,7 +255,7 @@ mod tests {
     fn same_machine_needs_no_map() {
         let img = image(&[(1, 10), (2, 10)]);
         let here = inv(vec![gpu(1, "H100", 80), gpu(2, "H100", 80)]);
-        let p = plan(&img, Some(&here), &GpuPlacement::Same).unwrap();
+        let p = plan(&img, Some(&here), &Request::Same).unwrap();
         assert!(p.map.is_empty());
         assert_eq!(p.notes.len(), 2);
     }
@@ -292,7 +264,7 @@ mod tests {
     fn missing_gpus_are_named_with_the_fix() {
         let img = image(&[(1, 10)]);
         let here = inv(vec![gpu(7, "H100", 80)]);
-        let e = plan(&img, Some(&here), &GpuPlacement::Same).unwrap_err();
+        let e = plan(&img, Some(&here), &Request::Same).unwrap_err();
         assert!(
             e.contains(&uuid(1).to_string()) && e.contains("CRIU_GPU_DEVICE_MAP"),
             "{e}"
@@ -302,12 +274,7 @@ mod tests {
     #[test]
     fn too_few_gpus() {
         let img = image(&[(1, 1), (2, 1)]);
-        let e = plan(
-            &img,
-            Some(&inv(vec![gpu(1, "H100", 80)])),
-            &GpuPlacement::Same,
-        )
-        .unwrap_err();
+        let e = plan(&img, Some(&inv(vec![gpu(1, "H100", 80)])), &Request::Same).unwrap_err();
         assert!(e.contains("used 2 GPU(s), this machine has 1"), "{e}");
     }
 
@@ -315,7 +282,7 @@ mod tests {
     fn not_enough_free_memory() {
         let img = image(&[(1, 30), (1, 30)]);
         let here = inv(vec![gpu(1, "H100", 50), gpu(2, "H100", 80)]);
-        let e = plan(&img, Some(&here), &GpuPlacement::Same).unwrap_err();
+        let e = plan(&img, Some(&here), &Request::Same).unwrap_err();
         assert!(
             e.contains("60.00 GiB") && e.contains("50.00 GiB free"),
             "{e}"
@@ -333,30 +300,27 @@ mod tests {
         let m: DeviceMap = format!("{}={},{}={}", uuid(1), uuid(8), uuid(2), uuid(9))
             .parse()
             .unwrap();
-        let p = plan(&img, Some(&here), &GpuPlacement::Map(m)).unwrap();
+        let p = plan(&img, Some(&here), &Request::Pairs(m)).unwrap();
         assert_eq!(p.map.pairs(), &[(uuid(1), uuid(8)), (uuid(2), uuid(9))]);
         // auto prefers the same model, then free memory: 8 (H100, 80) and 7 (H100, 20).
-        let p = plan(&img, Some(&here), &GpuPlacement::Auto).unwrap();
+        let p = plan(&img, Some(&here), &Request::Auto).unwrap();
         assert_eq!(p.map.pairs(), &[(uuid(1), uuid(8)), (uuid(2), uuid(7))]);
     }
 
     #[test]
     fn two_gpus_onto_one_is_refused() {
         let two = format!("{}={},{}={}", uuid(1), uuid(2), uuid(2), uuid(2));
-        let e = two.parse::<GpuPlacement>().unwrap_err();
+        let e = two.parse::<Request>().unwrap_err().to_string();
         assert!(e.contains("twice on the new side"), "{e}");
     }
 
     #[test]
     fn without_nvml_only_explicit_maps_apply() {
         let img = image(&[(1, 10)]);
-        assert!(plan(&img, None, &GpuPlacement::Same)
-            .unwrap()
-            .map
-            .is_empty());
-        assert!(plan(&img, None, &GpuPlacement::Auto).is_err());
+        assert!(plan(&img, None, &Request::Same).unwrap().map.is_empty());
+        assert!(plan(&img, None, &Request::Auto).is_err());
         let m: DeviceMap = format!("{}={}", uuid(1), uuid(5)).parse().unwrap();
-        let p = plan(&img, None, &GpuPlacement::Map(m)).unwrap();
+        let p = plan(&img, None, &Request::Pairs(m)).unwrap();
         assert_eq!(p.map.pairs(), &[(uuid(1), uuid(5))], "passed as given");
     }
 
@@ -366,7 +330,7 @@ mod tests {
         let img = image(&[(1, 10)]);
         let here = inv(vec![gpu(1, "H100", 80), gpu(2, "H100", 80)]);
         let m: DeviceMap = format!("{}={}", uuid(1), uuid(2)).parse().unwrap();
-        let p = plan(&img, Some(&here), &GpuPlacement::Map(m)).unwrap();
+        let p = plan(&img, Some(&here), &Request::Pairs(m)).unwrap();
         assert_eq!(p.map.pairs(), &[(uuid(1), uuid(2)), (uuid(2), uuid(1))]);
     }
 
@@ -375,7 +339,7 @@ mod tests {
         let img = image(&[(1, 10)]);
         let here = inv(vec![gpu(7, "H100", 80)]);
         let m: DeviceMap = format!("{}={}", uuid(1), uuid(7)).parse().unwrap();
-        let e = plan(&img, Some(&here), &GpuPlacement::Map(m)).unwrap_err();
+        let e = plan(&img, Some(&here), &Request::Pairs(m)).unwrap_err();
         assert!(
             e.contains("the driver needs a GPU here for each") && e.contains("at least 2 GPUs"),
             "{e}"

@@ -10,9 +10,10 @@ use cuda_checkpoint_ctl::inventory::Inventory;
 
 use crate::cuda::{self, CudaImage};
 use crate::digest::{self, DigestError, FileDigest};
-use crate::placement::{plan, GpuPlacement, Plan};
+use crate::placement::{plan, Plan};
 use crate::record::{self, RecordError};
 use crate::settings::{Settings, SettingsError};
+use cuda_checkpoint_ctl::placement::Request;
 
 /// The image name of CRIU's own C CUDA plugin: its checkpoints are restored too.
 pub const UPSTREAM_PLUGIN: &str = "cuda_plugin";
@@ -101,9 +102,12 @@ pub fn holds(dir: &Path, listed: Listed) -> Result<Option<CudaHolds>, CudaCheckE
 }
 
 /// Where the GPU state goes: CRIU_GPU_DEVICE_MAP, or the same GPUs.
-pub fn placement(settings: &Settings) -> Result<GpuPlacement, CudaCheckError> {
+pub fn placement(settings: &Settings) -> Result<Request, CudaCheckError> {
     Ok(settings
-        .parsed("CRIU_GPU_DEVICE_MAP", |v| v.parse::<GpuPlacement>())?
+        .parsed("CRIU_GPU_DEVICE_MAP", |v| {
+            v.parse::<Request>()
+                .map_err(|e| format!("{e}; use OLD_UUID=NEW_UUID[,...], auto or same"))
+        })?
         .unwrap_or_default())
 }
 
@@ -176,7 +180,7 @@ pub struct CudaPlan {
 pub fn check_node(
     holds: &CudaHolds,
     node: NvidiaNode<'_>,
-    placement: &GpuPlacement,
+    placement: &Request,
 ) -> Result<CudaPlan, CudaCheckError> {
     let what = holds.what();
     if let Err(reason) = node.driver {

@@ -286,3 +286,26 @@ fn runtime_config_writes_the_lock_this_node_can_take_and_leaves_own_lines_alone(
         stdout(&out)
     );
 }
+
+/// `criu-gpu thp -- CMD` runs CMD with huge pages at `always` and puts the node's policy back
+/// after, through the plugin's own raise and put-back (what bench-criu.sh's ours-thp uses).
+#[test]
+fn thp_runs_a_command_with_huge_pages_and_puts_the_policy_back() {
+    let knob = "/sys/kernel/mm/transparent_hugepage/enabled";
+    let Ok(before) = std::fs::read_to_string(knob) else {
+        eprintln!("no {knob} here: skipped");
+        return;
+    };
+    // Dumps of other tests may hold the policy raised for a moment: wait for it to be free.
+    let held = || criu_gpu_image::thp::Thp::default().state().holders;
+    assert!(wait_until(std::time::Duration::from_secs(60), || held().is_empty()));
+    let before = std::fs::read_to_string(knob).unwrap_or(before);
+    let out = Command::new(artifact("criu-gpu"))
+        .args(["thp", "--", "cat", knob])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("[always]"), "{}", stdout(&out));
+    assert!(wait_until(std::time::Duration::from_secs(60), || held().is_empty()));
+    assert_eq!(std::fs::read_to_string(knob).unwrap(), before);
+}

@@ -148,6 +148,9 @@ fn device_map(args: &Args, goal: &Goal) -> Result<DeviceMap, Error> {
         return Ok(DeviceMap::default());
     };
     let request: Request = text.parse()?;
+    if request == Request::Same {
+        return Ok(DeviceMap::default());
+    }
     let restores = matches!(
         goal,
         Goal::Action(Call::Restore) | Goal::Resume | Goal::Toggle | Goal::Recover
@@ -163,7 +166,7 @@ fn device_map(args: &Args, goal: &Goal) -> Result<DeviceMap, Error> {
                     tracing::warn!("cannot complete the device map ({e}); passing it as given");
                     Ok(map)
                 }
-                Request::Auto => Err(e.into()),
+                Request::Auto | Request::Same => Err(e.into()),
             }
         }
     };

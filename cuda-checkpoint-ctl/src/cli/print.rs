@@ -27,19 +27,9 @@ pub fn json_error(text: &str) {
     json(&serde_json::json!({ "error": text }));
 }
 
+/// A size for the tables (`cuda_checkpoint_ctl::units`).
 pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    cuda_checkpoint_ctl::units::bytes(bytes)
 }
 
 #[cfg(test)]
@@ -49,6 +39,6 @@ mod tests {
     #[test]
     fn sizes_print_in_binary_units() {
         assert_eq!(human(512), "512 B");
-        assert_eq!(human(3 << 30), "3.0 GiB");
+        assert_eq!(human(3 << 30), "3.00 GiB");
     }
 }

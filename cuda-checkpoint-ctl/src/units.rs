@@ -1,0 +1,46 @@
+//! Sizes and rates as people read them: one way for every tool and log of the project.
+
+use std::time::Duration;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Bytes in GiB, for a log's `{:.2} GiB`.
+pub fn gib(bytes: u64) -> f64 {
+    bytes as f64 / GIB
+}
+
+/// `1536` -> `1.50 KiB`, `512` -> `512 B`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[unit])
+    }
+}
+
+/// Throughput in decimal GB/s, as storage and networks are rated.
+pub fn gbps(bytes: u64, took: Duration) -> String {
+    let secs = took.as_secs_f64().max(1e-3);
+    format!("{:.2} GB/s", bytes as f64 / 1e9 / secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_naturally() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1536), "1.50 KiB");
+        assert_eq!(bytes(16 << 30), "16.00 GiB");
+        assert_eq!(gbps(2_000_000_000, Duration::from_secs(1)), "2.00 GB/s");
+        assert_eq!(gib(3 << 29), 1.5);
+    }
+}
