@@ -547,3 +547,43 @@ fn an_io_uring_in_a_cuda_tree_is_refused_before_any_lock() {
     assert!(app.advances(3), "{}", app.tail());
     app.assert_healthy();
 }
+
+/// The plugin on stock CRIU 4.2.1, as scripts/install.sh installs it beside the project's CRIU:
+/// a tree of CUDA processes dumped and restored with their data, without the project's patches
+/// (no page I/O threads, no deferred pages, io_uring refused).
+#[test]
+fn the_plugin_dumps_and_restores_with_stock_criu() {
+    let mut sim = Sim::start();
+    let c = Criu {
+        bin: std::path::PathBuf::from(gpu_ckpt_tests::criu::STOCK),
+        ..Criu::new(&sim)
+    };
+    let out = std::process::Command::new(&c.bin)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(stdout(&out).contains("Version: 4.2.1"), "{}", stdout(&out));
+    let app = sim.app("stock", &["--children", "1", "--mib", "32"]);
+    let kid = App {
+        pid: 0,
+        log: app.log.with_extension("log.gpu0"),
+    };
+    assert!(wait_until(Duration::from_secs(20), || kid.steps() >= 1));
+    let images = sim.dir.join("img");
+    dump_kill_restore(&mut sim, &c, &app, &images);
+    let log = criu::log(&images, "restore.log");
+    assert!(
+        log.contains("restored CUDA state of 2 of 2"),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    assert!(
+        log.contains("this CRIU puts every page in place before the GPU restore"),
+        "stock CRIU has no deferred pages: {}",
+        criu::tail(&log, 20)
+    );
+    assert!(app.advances(3), "{}", app.tail());
+    assert!(kid.advances(3), "{}", kid.tail());
+    app.assert_healthy();
+    kid.assert_healthy();
+}
