@@ -248,8 +248,10 @@ fn nccl_ranks_that_could_not_be_restored_are_not_suspended() {
     let text = format!("{}{}", stdout(&out), stderr(&out));
     assert!(!out.status.success(), "{text}");
     assert!(
-        text.contains(&format!("{} (cuda-sim-app: P2P, SHM and cuMem)", root.pid))
-            && text.contains(&kid.to_string())
+        text.contains(&format!(
+            "process {} (cuda-sim-app) (P2P, SHM and cuMem)",
+            root.pid
+        )) && text.contains(&kid.to_string())
             && text.contains("NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0")
             && text.contains("--no-nccl-check"),
         "{text}"

@@ -501,12 +501,16 @@ fn nccl_ranks_that_could_not_be_restored_are_refused_and_sockets_only_ranks_rest
     ok.assert_healthy();
 }
 
-/// A process of a CUDA tree holding an io_uring (which CRIU cannot dump) makes the plugin refuse
-/// the dump before anything is locked, naming the process; the application runs on.
+/// A process of a CUDA tree holding an io_uring, dumped by stock CRIU (which fails on any ring
+/// after the GPU checkpoint): the plugin refuses the dump before anything is locked, naming the
+/// process; the application runs on. (The project's CRIU dumps idle rings: criu_uring.rs.)
 #[test]
-fn an_io_uring_in_a_cuda_tree_is_refused_before_any_lock() {
+fn an_io_uring_in_a_cuda_tree_is_refused_before_any_lock_on_stock_criu() {
     let mut sim = Sim::start();
-    let c = Criu::new(&sim);
+    let c = Criu {
+        bin: std::path::PathBuf::from(gpu_ckpt_tests::criu::STOCK),
+        ..Criu::new(&sim)
+    };
     let launcher = uring_launcher(&sim.dir);
     let log = sim.dir.join("uring.log");
     let child = setsid_command(&launcher)
