@@ -39,6 +39,12 @@ if grep -q AMD_KFD_SIM_ROOT target/release/libcriu_gpu_plugin.so; then
 	exit 1
 fi
 echo "ok: target/release/libcriu_gpu_plugin.so has no simulated driver in it"
+# The plugin is linked into CRIU: no command-line parser in it (the ctl's `cli` feature).
+if cargo tree --locked -p criu-gpu-plugin -e normal --prefix none | grep -q '^clap '; then
+	echo "test.sh: clap is in the plugin's dependency graph (cargo tree -p criu-gpu-plugin -i clap)" >&2
+	exit 1
+fi
+echo "ok: no clap in the plugin's dependency graph"
 step "the project's CRIU patches (stock and patched CRIU)"
 for t in third_party/criu/tests/*.sh; do
 	bash "$t"
