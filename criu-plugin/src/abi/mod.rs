@@ -2,9 +2,12 @@
 //! that converts arguments, runs the hook on the plugin, and converts the answer. No panic
 //! crosses into CRIU: every entry point (`init`, `exit`, each hook) runs all of its body under
 //! [`entry`], which writes a panic into CRIU's log and answers with the entry point's failure
-//! value (`exit` has none).
+//! value (`exit` has none). The descriptor, hook ids and types, and what [`criu`] reads of
+//! CRIU's structs are checked against the pinned CRIU's headers (layout.rs, a test).
 
 pub mod criu;
+#[cfg(test)]
+mod layout;
 pub mod ptrace;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
