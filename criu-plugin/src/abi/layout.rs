@@ -99,96 +99,74 @@ fn name_of<T>(_: &T) -> &'static str {
     std::any::type_name::<T>()
 }
 
-/// Each function type shared with CRIU: (key, CRIU's type as a C type expression, the plugin's
-/// as Rust declares it). The trampolines' types are inferred from the functions themselves.
-fn functions(patched: bool) -> Vec<(&'static str, &'static str, &'static str)> {
+fn t<T>() -> &'static str {
+    std::any::type_name::<T>()
+}
+
+/// Each function type shared with CRIU: (key, the plugin's type as Rust declares it). The
+/// trampolines' types are inferred from the functions themselves.
+fn functions(patched: bool) -> Vec<(&'static str, &'static str)> {
+    use super::{checkpoint_devices, dump_ext_file, exit, handle_device_vma, init};
+    use super::{pause_devices, restore_ext_file, resume_devices_late, update_vma_map};
     let mut f = vec![
-        (
-            "print_on_level",
-            "__typeof__(print_on_level)",
-            std::any::type_name::<PrintOnLevel>(),
-        ),
-        (
-            "add_inventory_plugin",
-            "__typeof__(add_inventory_plugin)",
-            std::any::type_name::<AddInventoryPlugin>(),
-        ),
+        ("print_on_level", t::<PrintOnLevel>()),
+        ("add_inventory_plugin", t::<AddInventoryPlugin>()),
         (
             "check_and_remove_inventory_plugin",
-            "__typeof__(check_and_remove_inventory_plugin)",
-            std::any::type_name::<CheckAndRemoveInventoryPlugin>(),
+            t::<CheckAndRemoveInventoryPlugin>(),
         ),
         // CRIU 4.0's dont_use_freeze_cgroup, the same type, is not in 4.2's headers.
+        ("set_compel_interrupt_only_mode", t::<VoidFn>()),
+        ("criu_get_image_dir", t::<GetImageDir>()),
+        ("desc.init", name_of(&(init as extern "C" fn(_) -> _))),
+        ("desc.exit", name_of(&(exit as extern "C" fn(_, _)))),
         (
-            "set_compel_interrupt_only_mode",
-            "__typeof__(set_compel_interrupt_only_mode)",
-            std::any::type_name::<VoidFn>(),
+            "DUMP_EXT_FILE",
+            name_of(&(dump_ext_file as extern "C" fn(_, _) -> _)),
         ),
         (
-            "criu_get_image_dir",
-            "__typeof__(criu_get_image_dir)",
-            std::any::type_name::<GetImageDir>(),
+            "RESTORE_EXT_FILE",
+            name_of(&(restore_ext_file as extern "C" fn(_) -> _)),
         ),
         (
-            "desc.init",
-            "__typeof__(*((cr_plugin_desc_t *)0)->init)",
-            name_of(&(super::init as extern "C" fn(_) -> _)),
+            "HANDLE_DEVICE_VMA",
+            name_of(&(handle_device_vma as extern "C" fn(_, _) -> _)),
         ),
         (
-            "desc.exit",
-            "__typeof__(*((cr_plugin_desc_t *)0)->exit)",
-            name_of(&(super::exit as extern "C" fn(_, _))),
+            "UPDATE_VMA_MAP",
+            name_of(&(update_vma_map as extern "C" fn(_, _, _, _, _) -> _)),
         ),
         (
-            "hook.DUMP_EXT_FILE",
-            "CR_PLUGIN_HOOK__DUMP_EXT_FILE_t",
-            name_of(&(super::dump_ext_file as extern "C" fn(_, _) -> _)),
+            "RESUME_DEVICES_LATE",
+            name_of(&(resume_devices_late as extern "C" fn(_) -> _)),
         ),
         (
-            "hook.RESTORE_EXT_FILE",
-            "CR_PLUGIN_HOOK__RESTORE_EXT_FILE_t",
-            name_of(&(super::restore_ext_file as extern "C" fn(_) -> _)),
+            "PAUSE_DEVICES",
+            name_of(&(pause_devices as extern "C" fn(_) -> _)),
         ),
         (
-            "hook.HANDLE_DEVICE_VMA",
-            "CR_PLUGIN_HOOK__HANDLE_DEVICE_VMA_t",
-            name_of(&(super::handle_device_vma as extern "C" fn(_, _) -> _)),
-        ),
-        (
-            "hook.UPDATE_VMA_MAP",
-            "CR_PLUGIN_HOOK__UPDATE_VMA_MAP_t",
-            name_of(&(super::update_vma_map as extern "C" fn(_, _, _, _, _) -> _)),
-        ),
-        (
-            "hook.RESUME_DEVICES_LATE",
-            "CR_PLUGIN_HOOK__RESUME_DEVICES_LATE_t",
-            name_of(&(super::resume_devices_late as extern "C" fn(_) -> _)),
-        ),
-        (
-            "hook.PAUSE_DEVICES",
-            "CR_PLUGIN_HOOK__PAUSE_DEVICES_t",
-            name_of(&(super::pause_devices as extern "C" fn(_) -> _)),
-        ),
-        (
-            "hook.CHECKPOINT_DEVICES",
-            "CR_PLUGIN_HOOK__CHECKPOINT_DEVICES_t",
-            name_of(&(super::checkpoint_devices as extern "C" fn(_) -> _)),
+            "CHECKPOINT_DEVICES",
+            name_of(&(checkpoint_devices as extern "C" fn(_) -> _)),
         ),
     ];
     if patched {
         // The project's patches 0007 and 0008 (criu-plugin.h); stock CRIU has neither.
-        f.push((
-            "criu_defer_pages",
-            "__typeof__(criu_defer_pages)",
-            std::any::type_name::<DeferPages>(),
-        ));
-        f.push((
-            "criu_dumps_io_uring",
-            "__typeof__(criu_dumps_io_uring)",
-            std::any::type_name::<DumpsIoUring>(),
-        ));
+        f.push(("criu_defer_pages", t::<DeferPages>()));
+        f.push(("criu_dumps_io_uring", t::<DumpsIoUring>()));
     }
     f
+}
+
+/// CRIU's type for `key` of [`functions`], as a C type expression: a hook's typedef, a field
+/// of the descriptor, or the type of the function of that name.
+fn criu_type(key: &str) -> String {
+    if let Some(field) = key.strip_prefix("desc.") {
+        format!("__typeof__(*((cr_plugin_desc_t *)0)->{field})")
+    } else if key.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+        format!("CR_PLUGIN_HOOK__{key}_t")
+    } else {
+        format!("__typeof__({key})")
+    }
 }
 
 /// The C program: one `key value` line for each offset, size and value, and `type.KEY 1` for
@@ -238,9 +216,10 @@ int main(void) {
     V(LOG_ERROR); V(LOG_WARN); V(LOG_INFO); V(LOG_DEBUG);
 "#,
     );
-    for (key, criu, ours) in functions(patched) {
+    for (key, ours) in functions(patched) {
         c.push_str(&format!(
-            "    printf(\"type.{key} %d\\n\", __builtin_types_compatible_p({criu}, {}));\n",
+            "    printf(\"type.{key} %d\\n\", __builtin_types_compatible_p({}, {}));\n",
+            criu_type(key),
             c_function(ours)
         ));
     }
@@ -390,11 +369,12 @@ fn what_the_plugin_shares_with_criu_matches_the_pinned_criu_headers() {
             MAX_HOOKS as i64 <= get("CR_PLUGIN_HOOK__MAX"),
             "CRIU refuses a plugin with more hooks than CR_PLUGIN_HOOK__MAX"
         );
-        for (key, criu_type, rust) in functions(patched) {
+        for (key, rust) in functions(patched) {
             assert_eq!(
                 get(&format!("type.{key}")),
                 1,
-                "{key}: CRIU's {criu_type} in {} is not the plugin's {} ({rust})",
+                "{key}: CRIU's {} in {} is not the plugin's {} ({rust})",
+                criu_type(key),
                 tree.display(),
                 c_function(rust)
             );
