@@ -9,18 +9,31 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::sync::OnceLock;
 
-type PrintOnLevel = unsafe extern "C" fn(c_uint, *const c_char, ...);
-type AddInventoryPlugin = unsafe extern "C" fn(*const c_char) -> c_int;
-type CheckAndRemoveInventoryPlugin = unsafe extern "C" fn(*const c_char, usize) -> bool;
-type VoidFn = unsafe extern "C" fn();
-type GetImageDir = unsafe extern "C" fn() -> c_int;
-type DeferPages = unsafe extern "C" fn(c_int, std::ffi::c_ulong, std::ffi::c_ulong) -> c_int;
-type DumpsIoUring = unsafe extern "C" fn() -> c_int;
+pub(super) type PrintOnLevel = unsafe extern "C" fn(c_uint, *const c_char, ...);
+pub(super) type AddInventoryPlugin = unsafe extern "C" fn(*const c_char) -> c_int;
+pub(super) type CheckAndRemoveInventoryPlugin = unsafe extern "C" fn(*const c_char, usize) -> bool;
+pub(super) type VoidFn = unsafe extern "C" fn();
+pub(super) type GetImageDir = unsafe extern "C" fn() -> c_int;
+pub(super) type DeferPages =
+    unsafe extern "C" fn(c_int, std::ffi::c_ulong, std::ffi::c_ulong) -> c_int;
+pub(super) type DumpsIoUring = unsafe extern "C" fn() -> c_int;
 
-/// `opts.final_state` values (compel's task states).
-const TASK_ALIVE: i32 = 1;
-const TASK_DEAD: i32 = 2;
-const TASK_STOPPED: i32 = 3;
+// What the plugin reads of CRIU's data, at fixed places (LP64). Each is checked against the
+// pinned CRIU's headers by the test in layout.rs.
+
+/// `opts.final_state` values (compel's task states, criu/include/pid.h).
+pub(super) const TASK_ALIVE: i32 = 1;
+pub(super) const TASK_DEAD: i32 = 2;
+pub(super) const TASK_STOPPED: i32 = 3;
+/// `offsetof(struct cr_options, final_state)`: its first field in every release with plugins.
+pub(super) const OPTS_FINAL_STATE: usize = 0;
+/// `offsetof(struct pstree_item, pid)`: after `parent` (8), `children` and `sibling` (16 each).
+pub(super) const PSTREE_ITEM_PID: usize = 40;
+/// `offsetof(struct pid, real)`: after `item` (8).
+pub(super) const PID_REAL: usize = 8;
+/// RUN_ID_HASH_LENGTH (criu/include/util.h): the size of `criu_run_id`, a UUID's 36
+/// characters and a NUL.
+pub(super) const RUN_ID_HASH_LENGTH: usize = 37;
 
 struct Symbols {
     print_on_level: Option<PrintOnLevel>,
@@ -145,12 +158,10 @@ pub fn dumps_io_uring() -> bool {
 
 /// This CRIU run's id (a UUID), which names its nftables network lock.
 pub fn run_id() -> Option<String> {
-    /// RUN_ID_HASH_LENGTH (criu/include/util.h): a UUID's 36 characters and a NUL.
-    const LEN: usize = 37;
     let addr = symbols().criu_run_id?;
     // SAFETY: `criu_run_id` is CRIU's global char array of RUN_ID_HASH_LENGTH bytes, set by
     // util_init() before plugins are loaded; only that many bytes are read.
-    let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, LEN) };
+    let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, RUN_ID_HASH_LENGTH) };
     let end = bytes.iter().position(|b| *b == 0)?;
     std::str::from_utf8(&bytes[..end])
         .ok()
@@ -172,7 +183,7 @@ pub fn final_state() -> Option<crate::core::FinalState> {
     let addr = symbols().opts?;
     // SAFETY: `opts` is CRIU's global struct cr_options, whose first field is `int final_state`
     // in every release that has plugins (checked in criu/include/cr_options.h, 3.x to 4.2).
-    match unsafe { std::ptr::read_volatile(addr as *const c_int) } {
+    match unsafe { std::ptr::read_volatile((addr + OPTS_FINAL_STATE) as *const c_int) } {
         TASK_ALIVE => Some(FinalState::Alive),
         TASK_DEAD => Some(FinalState::Dead),
         TASK_STOPPED => Some(FinalState::Stopped),
@@ -215,18 +226,18 @@ pub fn inventory_has_plugin_list() -> Option<bool> {
 pub fn dump_root_pid() -> Option<i32> {
     let addr = symbols().root_item?;
     // SAFETY: `root_item` is CRIU's global `struct pstree_item *`; when non-null it points to an
-    // item CRIU allocated, whose fourth pointer-sized member (offset 40 on LP64: parent 8,
-    // children 16, sibling 16) is `struct pid *pid`, whose `real` follows one pointer. Reads only.
+    // item CRIU allocated, whose `struct pid *pid` is at PSTREE_ITEM_PID, whose `pid_t real` is
+    // at PID_REAL. Reads only.
     let real = unsafe {
         let item = std::ptr::read_volatile(addr as *const *const u8);
         if item.is_null() {
             return None;
         }
-        let pid = std::ptr::read_volatile(item.add(40) as *const *const u8);
+        let pid = std::ptr::read_volatile(item.add(PSTREE_ITEM_PID) as *const *const u8);
         if pid.is_null() {
             return None;
         }
-        std::ptr::read_volatile(pid.add(8) as *const c_int)
+        std::ptr::read_volatile(pid.add(PID_REAL) as *const c_int)
     };
     (real > 0 && std::path::Path::new(&format!("/proc/{real}")).exists()).then_some(real)
 }

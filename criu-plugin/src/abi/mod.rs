@@ -1,11 +1,20 @@
 //! The C ABI edge: the `CR_PLUGIN_DESC` descriptor CRIU looks up, and one trampoline per hook
 //! that converts arguments, runs the hook on the plugin, and converts the answer. No panic
-//! crosses into CRIU: each trampoline catches it and answers with an error.
+//! crosses into CRIU: every entry point (`init`, `exit`, each hook) runs all of its body under
+//! [`entry`], which writes a panic into CRIU's log and answers with the entry point's failure
+//! value (`exit` has none). The descriptor, hook ids and types, and what [`criu`] reads of
+//! CRIU's structs are checked against the pinned CRIU's headers (layout.rs, a test).
+
+// Every function here reads as named steps (clippy.toml: at most 80 lines).
+#![warn(clippy::too_many_lines)]
 
 pub mod criu;
+#[cfg(test)]
+mod layout;
 pub mod ptrace;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::io::Write as _;
 use std::os::fd::BorrowedFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -142,125 +151,178 @@ impl Inventory for CriuInventory {
     }
 }
 
-/// Runs `f` on the plugin, turning panics and errors into CRIU's conventions.
-fn with_plugin(hook: &str, f: impl FnOnce(&mut Plugin) -> HookResult<c_int>) -> c_int {
-    let start = Instant::now();
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        let mut guard = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
-        match guard.as_mut() {
-            Some(p) => f(p),
-            None => Ok(Verdict::NotMine),
+/// Runs `body` as the entry point `what` that CRIU called: nothing in it unwinds into C (an
+/// `extern "C"` function that unwinds aborts CRIU). A panic is written into CRIU's log and
+/// answered with `failed`, CRIU's failure value for that entry point.
+fn entry<T>(what: &str, failed: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(panic) => {
+            let _ = catch_unwind(AssertUnwindSafe(|| report_panic(what, &*panic)));
+            // A payload whose drop panics too stays here.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+            failed
         }
-    }));
-    let code = match result {
-        Ok(Ok(Verdict::Done(v))) => v,
-        Ok(Ok(Verdict::NotMine)) => -ENOTSUP,
-        Ok(Err(e)) => {
+    }
+}
+
+/// Writes a panic of entry point `what` into CRIU's log, straight through CRIU's writer: the
+/// panic may have come from setting up `tracing` itself.
+fn report_panic(what: &str, panic: &(dyn std::any::Any + Send)) {
+    let why = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message");
+    let line =
+        format!("Error: {NAME}: {what}: internal error (panic: {why}); treated as a failure");
+    // Lines other threads queued come first.
+    let _ = catch_unwind(crate::log::flush);
+    if !criu::log(crate::log::CriuLevel::Error, &line) {
+        let _ = writeln!(std::io::stderr(), "{line}");
+    }
+    #[cfg(test)]
+    tests::REPORTED.with(|r| r.borrow_mut().push(line));
+}
+
+/// A panic injected into a step of an entry point by a test (never outside tests).
+fn fault(_step: &str) {
+    #[cfg(test)]
+    if tests::FAULT.with(|f| f.get()) == Some(_step) {
+        panic!("injected fault: {_step}");
+    }
+}
+
+/// Runs hook `hook` on the plugin, turning panics and errors into CRIU's conventions.
+fn with_plugin(hook: &str, f: impl FnOnce(&mut Plugin) -> HookResult<c_int>) -> c_int {
+    entry(hook, -1, || {
+        let start = Instant::now();
+        let code = answer(hook, on_plugin(f));
+        crate::log::flush();
+        stats::hook(start.elapsed(), code == -ENOTSUP);
+        code
+    })
+}
+
+/// Runs `f` on the plugin; "not mine" before `init` made one.
+fn on_plugin(f: impl FnOnce(&mut Plugin) -> HookResult<c_int>) -> HookResult<c_int> {
+    let mut guard = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
+    match guard.as_mut() {
+        Some(p) => f(p),
+        None => Ok(Verdict::NotMine),
+    }
+}
+
+/// A hook's result as CRIU's return value; an error is written into CRIU's log.
+fn answer(hook: &str, result: HookResult<c_int>) -> c_int {
+    match result {
+        Ok(Verdict::Done(v)) => v,
+        Ok(Verdict::NotMine) => -ENOTSUP,
+        Err(e) => {
             tracing::error!("{hook}: {e}");
             -1
         }
-        Err(_) => {
-            tracing::error!("{hook}: internal error (panic); treated as a failure");
-            -1
-        }
-    };
-    crate::log::flush();
-    stats::hook(start.elapsed(), code == -ENOTSUP);
-    code
+    }
 }
 
 extern "C" fn init(stage: c_int) -> c_int {
-    let start = Instant::now();
+    entry("init", -1, || {
+        let start = Instant::now();
+        let code = match start_plugin(stage) {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::error!("{e}");
+                -1
+            }
+        };
+        crate::log::flush();
+        stats::hook(start.elapsed(), false);
+        code
+    })
+}
+
+/// `init`: CRIU's log, the settings file, and the plugin for CRIU's command.
+fn start_plugin(stage: c_int) -> Result<(), crate::core::HookError> {
+    fault("log");
     crate::log::init(NAME, criu::log);
     criu_gpu_image::settings::export_file_settings();
-    let r = catch_unwind(|| {
-        let Some(stage) = Stage::from_raw(stage) else {
-            return Ok(());
-        };
-        let host = CriuHost {
-            required: Mutex::new(Vec::new()),
-        };
-        let spawn: SpawnGuardian = std::sync::Arc::new(fork_guardian);
-        let mut plugin = Plugin::new(stage, Box::new(host), crate::backends::all(spawn));
-        plugin.init(&CriuInventory)?;
-        *PLUGIN.lock().unwrap_or_else(|e| e.into_inner()) = Some(plugin);
-        tracing::debug!(?stage, "initialised");
-        Ok::<(), crate::core::HookError>(())
-    });
-    let code = match r {
-        Ok(Ok(())) => 0,
-        Ok(Err(e)) => {
-            tracing::error!("{e}");
-            -1
-        }
-        Err(_) => {
-            tracing::error!("internal error (panic) in init");
-            -1
-        }
+    let Some(stage) = Stage::from_raw(stage) else {
+        return Ok(());
     };
-    crate::log::flush();
-    stats::hook(start.elapsed(), false);
-    code
+    let host = CriuHost {
+        required: Mutex::new(Vec::new()),
+    };
+    let spawn: SpawnGuardian = std::sync::Arc::new(fork_guardian);
+    let mut plugin = Plugin::new(stage, Box::new(host), crate::backends::all(spawn));
+    plugin.init(&CriuInventory)?;
+    *PLUGIN.lock().unwrap_or_else(|e| e.into_inner()) = Some(plugin);
+    tracing::debug!(?stage, "initialised");
+    Ok(())
 }
 
 extern "C" fn exit(_stage: c_int, ret: c_int) {
-    let start = Instant::now();
-    let _ = catch_unwind(|| {
-        let mut guard = PLUGIN.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut p) = guard.take() {
+    entry("exit", (), || {
+        let start = Instant::now();
+        // Taken out of the lock first: a backend's exit that panics leaves no plugin behind.
+        let plugin = PLUGIN.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut p) = plugin {
             p.exit(ret == 0);
         }
-    });
-    stats::hook(start.elapsed(), false);
-    tracing::info!("{}", stats::summary());
-    crate::log::flush();
+        stats::hook(start.elapsed(), false);
+        tracing::info!("{}", stats::summary());
+        crate::log::flush();
+    })
 }
 
+// Each hook runs entirely inside `with_plugin` (under `entry`): its arguments are checked
+// there too. A bad pid or fd is "not mine".
+
 extern "C" fn pause_devices(pid: c_int) -> c_int {
-    if pid <= 0 {
-        return -ENOTSUP;
-    }
     with_plugin("PAUSE_DEVICES", |p| {
+        if pid <= 0 {
+            return Ok(Verdict::NotMine);
+        }
         p.dispatch(|v, h| v.pause_devices(h, pid)).map(done0)
     })
 }
 
 extern "C" fn checkpoint_devices(pid: c_int) -> c_int {
-    if pid <= 0 {
-        return -ENOTSUP;
-    }
     with_plugin("CHECKPOINT_DEVICES", |p| {
+        if pid <= 0 {
+            return Ok(Verdict::NotMine);
+        }
         p.dispatch(|v, h| v.checkpoint_devices(h, pid)).map(done0)
     })
 }
 
 extern "C" fn resume_devices_late(pid: c_int) -> c_int {
-    if pid <= 0 {
-        return -ENOTSUP;
-    }
     with_plugin("RESUME_DEVICES_LATE", |p| {
+        if pid <= 0 {
+            return Ok(Verdict::NotMine);
+        }
         p.dispatch(|v, h| v.resume_devices_late(h, pid)).map(done0)
     })
 }
 
 extern "C" fn handle_device_vma(fd: c_int, _st: *const libc::stat) -> c_int {
-    if fd < 0 {
-        return -ENOTSUP;
-    }
-    // SAFETY: CRIU passes an fd it holds open (on /proc/PID/map_files/...) for the whole call.
-    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
     with_plugin("HANDLE_DEVICE_VMA", |p| {
+        if fd < 0 {
+            return Ok(Verdict::NotMine);
+        }
+        // SAFETY: CRIU passes an fd it holds open (on /proc/PID/map_files/...) for the whole
+        // call.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
         p.dispatch(|v, h| v.handle_device_vma(h, fd)).map(done0)
     })
 }
 
 extern "C" fn dump_ext_file(fd: c_int, id: c_int) -> c_int {
-    if fd < 0 {
-        return -ENOTSUP;
-    }
-    // SAFETY: CRIU passes its own copy of the task's fd, open for the whole call.
-    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
     with_plugin("DUMP_EXT_FILE", |p| {
+        if fd < 0 {
+            return Ok(Verdict::NotMine);
+        }
+        // SAFETY: CRIU passes its own copy of the task's fd, open for the whole call.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
         p.dispatch(|v, h| v.dump_ext_file(h, fd, id as u32))
             .map(done0)
     })
@@ -279,14 +341,12 @@ extern "C" fn update_vma_map(
     new_pgoff: *mut u64,
     plugin_fd: *mut c_int,
 ) -> c_int {
-    if path.is_null() || new_pgoff.is_null() || plugin_fd.is_null() {
-        return -ENOTSUP;
-    }
-    // SAFETY: CRIU passes the VMA's NUL-terminated path.
-    let path = unsafe { CStr::from_ptr(path) }
-        .to_string_lossy()
-        .into_owned();
     with_plugin("UPDATE_VMA_MAP", |p| {
+        if path.is_null() || new_pgoff.is_null() || plugin_fd.is_null() {
+            return Ok(Verdict::NotMine);
+        }
+        // SAFETY: CRIU passes the VMA's NUL-terminated path.
+        let path = unsafe { CStr::from_ptr(path) }.to_string_lossy();
         match p.dispatch(|v, h| v.update_vma_map(h, &path, addr, old_pgoff))? {
             Verdict::Done((pgoff, fd)) => {
                 // SAFETY: both out-parameters were checked non-null above and point into CRIU.
@@ -310,8 +370,21 @@ fn done0(v: Verdict) -> Verdict<c_int> {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::{Cell, RefCell};
+
     use super::*;
     use crate::core::NAME;
+
+    thread_local! {
+        /// The step of an entry point where [`fault`] panics.
+        pub(super) static FAULT: Cell<Option<&'static str>> = const { Cell::new(None) };
+        /// What [`report_panic`] wrote.
+        pub(super) static REPORTED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn reported() -> Vec<String> {
+        REPORTED.with(|r| r.borrow_mut().drain(..).collect())
+    }
 
     #[test]
     fn descriptor_has_criu_layout() {
@@ -332,5 +405,38 @@ mod tests {
         assert_eq!(pause_devices(0), -ENOTSUP);
         assert_eq!(checkpoint_devices(-1), -ENOTSUP);
         assert_eq!(resume_devices_late(12345), -ENOTSUP);
+        assert_eq!(handle_device_vma(-1, std::ptr::null()), -ENOTSUP);
+        let (mut pgoff, mut fd) = (0u64, 0);
+        let null = std::ptr::null();
+        assert_eq!(update_vma_map(null, 0, 0, &mut pgoff, &mut fd), -ENOTSUP);
+    }
+
+    /// A panic in init, before CRIU's log is even set up, is caught: CRIU gets init's failure
+    /// value and the panic is in its log. (Were it not caught, it would unwind out of an
+    /// `extern "C"` function and abort this test process, as it would abort CRIU.)
+    #[test]
+    fn a_panic_in_init_fails_init_and_is_logged() {
+        FAULT.with(|f| f.set(Some("log")));
+        let code = init(0);
+        FAULT.with(|f| f.set(None));
+        assert_eq!(code, -1);
+        assert_eq!(
+            reported(),
+            [
+                "Error: criu_gpu: init: internal error (panic: injected fault: log); treated as a \
+              failure"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_panic_in_any_entry_point_becomes_its_failure_value() {
+        assert_eq!(entry("PAUSE_DEVICES", -1, || panic!("at {}", 1)), -1);
+        entry("exit", (), || panic!("boom"));
+        assert_eq!(entry("RESTORE_EXT_FILE", -1, || 7), 7);
+        let lines = reported();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("PAUSE_DEVICES: internal error (panic: at 1)"));
+        assert!(lines[1].contains("exit: internal error (panic: boom)"));
     }
 }

@@ -254,6 +254,9 @@ fn checkpoints(failures: &[(Who, ActionFailure)]) -> String {
     )
 }
 
+/// Why a restore fails: refused in `init` before anything is created, or, for a CUDA process or
+/// the restored tree as a whole, at RESUME_DEVICES_LATE (the tree is then killed; the images are
+/// unchanged and can be restored again).
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
     /// What the image crate's checks refuse before anything is restored.
@@ -280,10 +283,41 @@ pub enum RestoreError {
     },
     #[error("restored {0} has no CUDA restore thread: {1}")]
     NoRestoreThread(Who, DriverFailure),
-    #[error("restoring CUDA state of {who} failed: {failure}")]
-    Action { who: Who, failure: String },
+    /// The driver did not name the process's restore thread.
+    #[error("{who}: the driver did not answer within {} s", .waited.as_secs())]
+    Silent { who: Who, waited: Duration },
+    #[error("restoring CUDA state of {who} failed: {}", restore_failure(.failure))]
+    Action { who: Who, failure: ActionFailure },
     #[error("cannot let the GPU driver threads run: {0}")]
-    Threads(String),
+    Threads(crate::core::ThreadError),
+    /// The guardian failed (its message says what is left to do).
+    #[error("{0}")]
+    Guardian(#[from] crate::guardian::GuardianError),
+    /// The large pages images, checked while CRIU restored: no answer within the limit.
+    #[error(
+        "the pages images ({:.2} GiB) were not checked against their digests within {limit:?}",
+        super::gib(*.bytes)
+    )]
+    PagesUnchecked { bytes: u64, limit: Duration },
+    /// ... damaged (the guardian's words name the file).
+    #[error("{0}")]
+    PagesDamaged(String),
+    #[error("the guardian did not answer about the pages images")]
+    PagesNoAnswer,
+}
+
+fn restore_failure(f: &ActionFailure) -> String {
+    match f {
+        ActionFailure::Driver(e) if e.code == cuda_checkpoint_ctl::driver::code::OUT_OF_MEMORY => {
+            format!("{e}; free GPU memory, or restore onto other GPUs with CRIU_GPU_DEVICE_MAP")
+        }
+        ActionFailure::Driver(e) => e.to_string(),
+        ActionFailure::Stuck { limit } => format!(
+            "the GPU restore did not finish within {} s (CRIU_GPU_ACTION_TIMEOUT_S)",
+            limit.as_secs()
+        ),
+        ActionFailure::Died => "the process died during its GPU restore".to_owned(),
+    }
 }
 
 /// The guardian failing is a GPU failure of the hook (the message says what is left to do).

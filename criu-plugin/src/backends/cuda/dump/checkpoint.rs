@@ -11,7 +11,7 @@ use cuda_checkpoint_ctl::process::maps;
 use criu_gpu_image::cuda::{Span, Usage};
 use criu_gpu_image::thp::{Raised, Want};
 
-use super::{Dump, Phase, Proc};
+use super::{Ctx, Dump, Phase, Proc, Tree};
 use crate::backends::cuda::error::{ActionFailure, DumpError, Held, Who};
 use crate::backends::cuda::{action_limit, gib};
 use crate::core::{HookError, HookResult, Host, ThreadWindow, Verdict};
@@ -37,52 +37,14 @@ impl Dump {
     }
 
     fn checkpoint_all(&mut self, host: &dyn Host) -> Result<(), HookError> {
-        let criu = host.criu_pid();
         let Phase::Paused(tree) = &mut self.phase else {
             return Ok(());
         };
         let inventory_seq = self.link.inventory.take();
         let g = self.link.started()?;
-        let procs = &*self.ctx.procs;
-        for p in &tree.cuda {
-            if procs.tracer(p.who.pid) != criu {
-                return Err(HookError::gpu(DumpError::NotSeized(p.who.clone())));
-            }
-            if let Some(signal) = host.threads().seized_stop_signal(p.who.pid) {
-                return Err(HookError::gpu(DumpError::StoppedDuringDump {
-                    who: p.who.clone(),
-                    signal,
-                }));
-            }
-            if let Some(held @ Held::Frozen { .. }) = procs.held(p.who.pid, Some(p.tid), criu) {
-                return Err(HookError::gpu(DumpError::Held {
-                    who: p.who.clone(),
-                    held,
-                }));
-            }
-        }
-        // NVML's answer (asked when the guardian started): GPU memory per process, all GPUs.
-        if let Some(seq) = inventory_seq {
-            let within = Instant::now() + Duration::from_secs(10);
-            g.wait_all(&[seq], within, &mut || {})?;
-            match g.take_inventory(seq) {
-                Some(Ok(inv)) => tree.inventory = Some(inv),
-                Some(Err(e)) => tracing::info!("NVML unavailable, GPU usage not recorded: {e}"),
-                None => tracing::info!("NVML did not answer in 10 s; GPU usage not recorded"),
-            }
-        }
-        if let Some(inv) = &tree.inventory {
-            for p in &mut tree.cuda {
-                p.usage = inv
-                    .usage_of(p.who.pid)
-                    .into_iter()
-                    .map(|u| Usage {
-                        uuid: u.gpu,
-                        memory: u.memory,
-                    })
-                    .collect();
-            }
-        }
+        let ctx = &self.ctx;
+        ctx.still_seized(host, &tree.cuda)?;
+        usage(g, inventory_seq, tree)?;
         let todo: Vec<&Proc> = tree
             .cuda
             .iter()
@@ -92,80 +54,18 @@ impl Dump {
             .iter()
             .flat_map(|p| p.usage.iter().filter_map(|u| u.memory))
             .sum();
-        let settings = &self.ctx.settings;
-        let limit = action_limit(settings, tree.inventory.is_some().then_some(bytes))?;
-        let parallel = settings.flag("CRIU_GPU_PARALLEL")?.unwrap_or(true);
-        let thp = settings
-            .parsed("CRIU_GPU_THP", |v| v.parse::<Want>())?
-            .unwrap_or_default();
-        raise_thp(g, thp)?;
+        let run = ctx.how(tree.inventory.is_some().then_some(bytes))?;
+        raise_thp(g, run.thp)?;
         // What plain memory each process has now: the checkpoint adds its staging to it.
         let before: BTreeMap<i32, std::io::Result<Vec<Range<u64>>>> = todo
             .iter()
-            .map(|p| (p.who.pid, procs.anon_writable(p.who.pid)))
+            .map(|p| (p.who.pid, ctx.procs.anon_writable(p.who.pid)))
             .collect();
         let start = Instant::now();
-        let threads: Vec<(i32, i32)> = todo.iter().map(|p| (p.who.pid, p.tid)).collect();
-        let (mut window, failed) = ThreadWindow::open(host.threads(), &threads);
-        if !failed.is_empty() {
-            let why: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
-            return Err(HookError::gpu(DumpError::Threads(why.join("; "))));
-        }
-        let until = start + limit;
-        let mut seqs = Vec::new();
-        for p in &todo {
-            let seq = g.act(p.who.pid, Act::Checkpoint)?;
-            if !parallel {
-                g.wait_all(&[seq], until, &mut || window.watch())?;
-            }
-            seqs.push(seq);
-        }
-        g.wait_all(&seqs, until, &mut || window.watch())?;
-        if thp != Want::Off {
-            let _ = g.order(&Order::LowerThp);
-        }
-        let stopped = window.stop_signal();
-        for e in window.close() {
-            tracing::error!("{e}");
-        }
-        if let Some((pid, signal)) = stopped {
-            let who = Who {
-                pid,
-                comm: procs.comm(pid),
-            };
-            return Err(HookError::gpu(DumpError::StoppedDuringDump { who, signal }));
-        }
-        let mut failures = Vec::new();
-        for (p, seq) in todo.iter().zip(&seqs) {
-            let failure = match g.take(*seq) {
-                Some(Ok(_)) => continue,
-                Some(Err(e)) if e.code == cuda_checkpoint_ctl::driver::code::OPERATING_SYSTEM => {
-                    ActionFailure::Died
-                }
-                Some(Err(e)) => ActionFailure::Driver(e),
-                None => ActionFailure::Stuck { limit },
-            };
-            failures.push((p.who.clone(), failure));
-        }
-        if !failures.is_empty() {
-            return Err(HookError::gpu(DumpError::Checkpoints { failures }));
-        }
+        ctx.checkpoint_each(host, g, &todo, &run)?;
         let secs = start.elapsed().as_secs_f64();
         let count = todo.len();
-        for p in &mut tree.cuda {
-            // Unknown on either side: none (a restore then reads all pages first).
-            if let (Some(Ok(before)), Ok(after)) =
-                (before.get(&p.who.pid), procs.anon_writable(p.who.pid))
-            {
-                p.staging = maps::added(before, &after)
-                    .into_iter()
-                    .map(|r| Span {
-                        start: r.start,
-                        end: r.end,
-                    })
-                    .collect();
-            }
-        }
+        ctx.find_staging(&mut tree.cuda, &before);
         tracing::info!(
             "checkpointed {} CUDA process(es), {:.2} GiB of device memory, in {secs:.2} s \
              ({:.2} GB/s)",
@@ -176,6 +76,164 @@ impl Dump {
         self.write_record(host, Vec::new())?;
         Ok(())
     }
+}
+
+/// How the checkpoints run (from the settings).
+struct Run {
+    limit: Duration,
+    parallel: bool,
+    thp: Want,
+}
+
+impl Ctx {
+    /// Each process is still CRIU's, and was not stopped or frozen since its lock (a stopped
+    /// CUDA process would be restored into a wait that never ends).
+    fn still_seized(&self, host: &dyn Host, cuda: &[Proc]) -> Result<(), HookError> {
+        let criu = host.criu_pid();
+        let procs = &*self.procs;
+        for p in cuda {
+            let who = p.who.clone();
+            if procs.tracer(p.who.pid) != criu {
+                return Err(HookError::gpu(DumpError::NotSeized(who)));
+            }
+            if let Some(signal) = host.threads().seized_stop_signal(p.who.pid) {
+                return Err(HookError::gpu(DumpError::StoppedDuringDump { who, signal }));
+            }
+            if let Some(held @ Held::Frozen { .. }) = procs.held(p.who.pid, Some(p.tid), criu) {
+                return Err(HookError::gpu(DumpError::Held { who, held }));
+            }
+        }
+        Ok(())
+    }
+
+    /// The limit for checkpointing `bytes` of device memory, all at once or not, and the huge
+    /// page policy meanwhile.
+    fn how(&self, bytes: Option<u64>) -> Result<Run, HookError> {
+        let settings = &self.settings;
+        Ok(Run {
+            limit: action_limit(settings, bytes)?,
+            parallel: settings.flag("CRIU_GPU_PARALLEL")?.unwrap_or(true),
+            thp: settings
+                .parsed("CRIU_GPU_THP", |v| v.parse::<Want>())?
+                .unwrap_or_default(),
+        })
+    }
+
+    /// Lets the driver threads of `todo` run and checkpoints each, all at once unless
+    /// CRIU_GPU_PARALLEL=0; the huge page policy is put back after.
+    fn checkpoint_each(
+        &self,
+        host: &dyn Host,
+        g: &mut Guardian,
+        todo: &[&Proc],
+        run: &Run,
+    ) -> Result<(), HookError> {
+        let threads: Vec<(i32, i32)> = todo.iter().map(|p| (p.who.pid, p.tid)).collect();
+        let until = Instant::now() + run.limit;
+        let (mut window, failed) = ThreadWindow::open(host.threads(), &threads);
+        if !failed.is_empty() {
+            let why: Vec<String> = failed.iter().map(|e| e.to_string()).collect();
+            return Err(HookError::gpu(DumpError::Threads(why.join("; "))));
+        }
+        let mut seqs = Vec::new();
+        for p in todo {
+            let seq = g.act(p.who.pid, Act::Checkpoint)?;
+            if !run.parallel {
+                g.wait_all(&[seq], until, &mut || window.watch())?;
+            }
+            seqs.push(seq);
+        }
+        g.wait_all(&seqs, until, &mut || window.watch())?;
+        if run.thp != Want::Off {
+            let _ = g.order(&Order::LowerThp);
+        }
+        let stopped = window.stop_signal();
+        for e in window.close() {
+            tracing::error!("{e}");
+        }
+        if let Some((pid, signal)) = stopped {
+            let who = Who {
+                pid,
+                comm: self.procs.comm(pid),
+            };
+            return Err(HookError::gpu(DumpError::StoppedDuringDump { who, signal }));
+        }
+        let failures = failures(g, todo, &seqs, run.limit);
+        if !failures.is_empty() {
+            return Err(HookError::gpu(DumpError::Checkpoints { failures }));
+        }
+        Ok(())
+    }
+
+    /// Where each checkpoint put the device memory: the plain memory it added (none where
+    /// either side is unknown: a restore then reads all pages first).
+    fn find_staging(
+        &self,
+        cuda: &mut [Proc],
+        before: &BTreeMap<i32, std::io::Result<Vec<Range<u64>>>>,
+    ) {
+        for p in cuda {
+            if let (Some(Ok(before)), Ok(after)) =
+                (before.get(&p.who.pid), self.procs.anon_writable(p.who.pid))
+            {
+                p.staging = maps::added(before, &after)
+                    .into_iter()
+                    .map(|r| Span {
+                        start: r.start,
+                        end: r.end,
+                    })
+                    .collect();
+            }
+        }
+    }
+}
+
+/// NVML's answer (asked when the guardian started): GPU memory per process, all GPUs.
+fn usage(g: &mut Guardian, seq: Option<u64>, tree: &mut Tree) -> Result<(), HookError> {
+    if let Some(seq) = seq {
+        let within = Instant::now() + Duration::from_secs(10);
+        g.wait_all(&[seq], within, &mut || {})?;
+        match g.take_inventory(seq) {
+            Some(Ok(inv)) => tree.inventory = Some(inv),
+            Some(Err(e)) => tracing::info!("NVML unavailable, GPU usage not recorded: {e}"),
+            None => tracing::info!("NVML did not answer in 10 s; GPU usage not recorded"),
+        }
+    }
+    if let Some(inv) = &tree.inventory {
+        for p in &mut tree.cuda {
+            p.usage = inv
+                .usage_of(p.who.pid)
+                .into_iter()
+                .map(|u| Usage {
+                    uuid: u.gpu,
+                    memory: u.memory,
+                })
+                .collect();
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoints of `todo` (asked as `seqs`) that failed, and why.
+fn failures(
+    g: &mut Guardian,
+    todo: &[&Proc],
+    seqs: &[u64],
+    limit: Duration,
+) -> Vec<(Who, ActionFailure)> {
+    let mut failures = Vec::new();
+    for (p, seq) in todo.iter().zip(seqs) {
+        let failure = match g.take(*seq) {
+            Some(Ok(_)) => continue,
+            Some(Err(e)) if e.code == cuda_checkpoint_ctl::driver::code::OPERATING_SYSTEM => {
+                ActionFailure::Died
+            }
+            Some(Err(e)) => ActionFailure::Driver(e),
+            None => ActionFailure::Stuck { limit },
+        };
+        failures.push((p.who.clone(), failure));
+    }
+    failures
 }
 
 /// Has the guardian raise the node's huge page policy for the checkpoint (the driver fills fresh

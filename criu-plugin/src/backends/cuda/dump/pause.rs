@@ -7,11 +7,23 @@ use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
 
-use super::{Dump, Phase, Proc};
+use super::{Ctx, Dump, Phase, Proc};
 use crate::backends::cuda::error::{ActionFailure, DumpError, Who};
 use crate::backends::cuda::INVENTORY_NAME;
 use crate::core::{stats, HookError, HookResult, Host, Stage, Verdict};
 use crate::guardian::proto::{Act, Answer, Order};
+use crate::guardian::Guardian;
+
+/// How long the driver may take to name the restore threads (it answers at once).
+const PROBE_WAIT: Duration = Duration::from_secs(2);
+
+/// A process that holds CUDA state: the driver named its restore thread.
+struct Holder {
+    who: Who,
+    /// The driver's helper thread.
+    tid: i32,
+    nccl: bool,
+}
 
 impl Dump {
     /// Checks which of `candidates` hold CUDA state and that they can be locked, and locks the
@@ -26,128 +38,14 @@ impl Dump {
         let started = Instant::now();
         let margin = (budget / 5).min(Duration::from_millis(1500));
         let deadline = started + budget.saturating_sub(margin);
-        let ctx = &self.ctx;
-        let procs = &*ctx.procs;
         if candidates.is_empty() {
             return Ok(Verdict::NotMine);
         }
-        let all: Vec<Who> = candidates
-            .iter()
-            .map(|(pid, _)| Who {
-                pid: *pid,
-                comm: procs.comm(*pid),
-            })
-            .collect();
+        let ctx = &self.ctx;
         let g = self.link.get()?;
-        if let Err(reason) = g.driver()? {
-            return Err(HookError::gpu(DumpError::NoDriver {
-                processes: all,
-                reason: reason.to_owned(),
-            }));
-        }
-        // Which of them hold CUDA state: the driver's restore thread answers at once.
-        let probe_until = deadline.min(Instant::now() + Duration::from_secs(2));
-        let mut probes = BTreeMap::new();
-        for (pid, _) in &candidates {
-            g.order(&Order::Track {
-                pid: *pid,
-                starttime: procs.starttime(*pid).unwrap_or(0),
-                comm: procs.comm(*pid),
-            })?;
-            probes.insert(*pid, g.act(*pid, Act::Probe)?);
-        }
-        let seqs: Vec<u64> = probes.values().copied().collect();
-        g.wait_all(&seqs, probe_until, &mut || {})?;
-        let criu = host.criu_pid();
-        // (process, restore thread, NCCL)
-        let mut cuda: Vec<(Who, i32, bool)> = Vec::new();
-        for ((pid, nccl), w) in candidates.iter().zip(all) {
-            match g.take(probes[pid]) {
-                Some(Ok(Answer::Thread(tid))) => cuda.push((w, tid, *nccl)),
-                Some(Err(e)) if e.not_cuda() => {}
-                Some(Err(e)) => {
-                    return Err(HookError::gpu(DumpError::Checkpoints {
-                        failures: vec![(w, ActionFailure::Driver(e))],
-                    }))
-                }
-                _ => return Err(HookError::gpu(DumpError::Busy(w))),
-            }
-        }
-        if ctx.settings.flag("CRIU_GPU_NCCL_CHECK")? != Some(false) {
-            let ranks: Vec<(i32, String)> = cuda
-                .iter()
-                .filter(|c| c.2)
-                .map(|c| (c.0.pid, c.0.comm.clone()))
-                .collect();
-            if let Some(refusal) = procs.nccl(&ranks) {
-                return Err(HookError::gpu(DumpError::Refused(refusal)));
-            }
-        }
-        for (w, tid, _) in &cuda {
-            if ctx.stage == Stage::PreDump {
-                return Err(HookError::gpu(DumpError::PreDump(w.clone())));
-            }
-            if host.lazy_pages() {
-                return Err(HookError::gpu(DumpError::LazyPages(w.clone())));
-            }
-            // The state query, the lock and the checkpoint all need this thread to run: the
-            // driver waits for it without limit (measured).
-            if let Some(held) = procs.held(w.pid, Some(*tid), criu) {
-                return Err(HookError::gpu(DumpError::Held {
-                    who: w.clone(),
-                    held,
-                }));
-            }
-        }
-        let mut states = BTreeMap::new();
-        for (w, _, _) in &cuda {
-            states.insert(w.pid, g.act(w.pid, Act::State)?);
-        }
-        let seqs: Vec<u64> = states.values().copied().collect();
-        g.wait_all(&seqs, deadline, &mut || {})?;
-        let mut found = Vec::new();
-        for (w, tid, nccl) in cuda {
-            let state = match g.take(states[&w.pid]) {
-                Some(Ok(Answer::State(s))) => s,
-                Some(Err(e)) => {
-                    return Err(HookError::gpu(DumpError::Checkpoints {
-                        failures: vec![(w, ActionFailure::Driver(e))],
-                    }))
-                }
-                // GetState waits while another action is pending on the process.
-                _ => {
-                    return Err(HookError::gpu(match procs.held(w.pid, Some(tid), criu) {
-                        Some(held) => DumpError::Held { who: w, held },
-                        None => DumpError::Busy(w),
-                    }))
-                }
-            };
-            match state {
-                ProcessState::Running => {}
-                ProcessState::Locked | ProcessState::Checkpointed => tracing::warn!(
-                    "CUDA {w} is already {state}: someone else paused it (a CRIU that died, a \
-                     concurrent dump, cuda-checkpoint); it is dumped as it is and left {state} \
-                     here (a restore of this image runs it). If nobody else is checkpointing it, \
-                     run `cuda-checkpoint-ctl --recover --pid {}` once this dump is done",
-                    w.pid
-                ),
-                other => {
-                    return Err(HookError::gpu(DumpError::Unusable {
-                        who: w,
-                        state: other,
-                    }))
-                }
-            }
-            found.push(Proc {
-                ns_pid: procs.ns_pid(w.pid).unwrap_or(w.pid),
-                who: w,
-                tid,
-                initial: state,
-                nccl,
-                usage: Vec::new(),
-                staging: Vec::new(),
-            });
-        }
+        let holders = ctx.holders(g, &candidates, deadline)?;
+        ctx.refuse(host, &holders)?;
+        let found = ctx.initial_states(g, host.criu_pid(), holders, deadline)?;
         if !found.is_empty() && !self.required {
             self.required = host.require_on_restore(INVENTORY_NAME);
         }
@@ -163,4 +61,170 @@ impl Dump {
             Verdict::NotMine
         })
     }
+}
+
+impl Ctx {
+    /// Which of `candidates` hold CUDA state: the driver's restore thread answers at once. A
+    /// driver that cannot be loaded refuses them all.
+    fn holders(
+        &self,
+        g: &mut Guardian,
+        candidates: &[(i32, bool)],
+        deadline: Instant,
+    ) -> Result<Vec<Holder>, HookError> {
+        let procs = &*self.procs;
+        let all: Vec<Who> = candidates
+            .iter()
+            .map(|(pid, _)| Who {
+                pid: *pid,
+                comm: procs.comm(*pid),
+            })
+            .collect();
+        if let Err(reason) = g.driver()? {
+            return Err(HookError::gpu(DumpError::NoDriver {
+                processes: all,
+                reason: reason.to_owned(),
+            }));
+        }
+        let probe_until = deadline.min(Instant::now() + PROBE_WAIT);
+        let mut probes = Vec::new();
+        for (pid, _) in candidates {
+            g.order(&Order::Track {
+                pid: *pid,
+                starttime: procs.starttime(*pid).unwrap_or(0),
+                comm: procs.comm(*pid),
+            })?;
+            probes.push(g.act(*pid, Act::Probe)?);
+        }
+        g.wait_all(&probes, probe_until, &mut || {})?;
+        let mut holders = Vec::new();
+        for (((_, nccl), who), seq) in candidates.iter().zip(all).zip(probes) {
+            match g.take(seq) {
+                Some(Ok(Answer::Thread(tid))) => holders.push(Holder {
+                    who,
+                    tid,
+                    nccl: *nccl,
+                }),
+                Some(Err(e)) if e.not_cuda() => {}
+                Some(Err(e)) => return Err(failed(who, e)),
+                _ => return Err(HookError::gpu(DumpError::Busy(who))),
+            }
+        }
+        Ok(holders)
+    }
+
+    /// What is refused before any lock: NCCL transports that cannot be restored, pre-dump,
+    /// lazy pages, a process whose driver thread cannot run.
+    fn refuse(&self, host: &dyn Host, holders: &[Holder]) -> Result<(), HookError> {
+        let procs = &*self.procs;
+        if self.settings.flag("CRIU_GPU_NCCL_CHECK")? != Some(false) {
+            let ranks: Vec<(i32, String)> = holders
+                .iter()
+                .filter(|h| h.nccl)
+                .map(|h| (h.who.pid, h.who.comm.clone()))
+                .collect();
+            if let Some(refusal) = procs.nccl(&ranks) {
+                return Err(HookError::gpu(DumpError::Refused(refusal)));
+            }
+        }
+        let criu = host.criu_pid();
+        for h in holders {
+            if self.stage == Stage::PreDump {
+                return Err(HookError::gpu(DumpError::PreDump(h.who.clone())));
+            }
+            if host.lazy_pages() {
+                return Err(HookError::gpu(DumpError::LazyPages(h.who.clone())));
+            }
+            // The state query, the lock and the checkpoint all need this thread to run: the
+            // driver waits for it without limit (measured).
+            if let Some(held) = procs.held(h.who.pid, Some(h.tid), criu) {
+                let who = h.who.clone();
+                return Err(HookError::gpu(DumpError::Held { who, held }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each holder's CUDA state before the dump, asked of the driver for all at once: the
+    /// processes of the dump.
+    fn initial_states(
+        &self,
+        g: &mut Guardian,
+        criu: i32,
+        holders: Vec<Holder>,
+        deadline: Instant,
+    ) -> Result<Vec<Proc>, HookError> {
+        let mut states = BTreeMap::new();
+        for h in &holders {
+            states.insert(h.who.pid, g.act(h.who.pid, Act::State)?);
+        }
+        let seqs: Vec<u64> = states.values().copied().collect();
+        g.wait_all(&seqs, deadline, &mut || {})?;
+        let mut found = Vec::new();
+        for h in holders {
+            let state = self.initial_state(g, states[&h.who.pid], &h, criu)?;
+            found.push(Proc {
+                ns_pid: self.procs.ns_pid(h.who.pid).unwrap_or(h.who.pid),
+                who: h.who,
+                tid: h.tid,
+                initial: state,
+                nccl: h.nccl,
+                usage: Vec::new(),
+                staging: Vec::new(),
+            });
+        }
+        Ok(found)
+    }
+
+    /// The driver's answer `seq` about `h`'s state: running, or paused by someone else (dumped as
+    /// it is, with a warning); anything else is refused.
+    fn initial_state(
+        &self,
+        g: &mut Guardian,
+        seq: u64,
+        h: &Holder,
+        criu: i32,
+    ) -> Result<ProcessState, HookError> {
+        let w = &h.who;
+        let state = match g.take(seq) {
+            Some(Ok(Answer::State(s))) => s,
+            Some(Err(e)) => return Err(failed(w.clone(), e)),
+            // GetState waits while another action is pending on the process.
+            _ => {
+                return Err(HookError::gpu(
+                    match self.procs.held(w.pid, Some(h.tid), criu) {
+                        Some(held) => DumpError::Held {
+                            who: w.clone(),
+                            held,
+                        },
+                        None => DumpError::Busy(w.clone()),
+                    },
+                ))
+            }
+        };
+        match state {
+            ProcessState::Running => {}
+            ProcessState::Locked | ProcessState::Checkpointed => tracing::warn!(
+                "CUDA {w} is already {state}: someone else paused it (a CRIU that died, a \
+                 concurrent dump, cuda-checkpoint); it is dumped as it is and left {state} here \
+                 (a restore of this image runs it). If nobody else is checkpointing it, run \
+                 `cuda-checkpoint-ctl --recover --pid {}` once this dump is done",
+                w.pid
+            ),
+            other => {
+                return Err(HookError::gpu(DumpError::Unusable {
+                    who: w.clone(),
+                    state: other,
+                }))
+            }
+        }
+        Ok(state)
+    }
+}
+
+/// A driver call about `who` failed.
+fn failed(who: Who, e: crate::guardian::proto::DriverFailure) -> HookError {
+    HookError::gpu(DumpError::Checkpoints {
+        failures: vec![(who, ActionFailure::Driver(e))],
+    })
 }

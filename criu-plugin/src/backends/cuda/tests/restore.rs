@@ -85,6 +85,22 @@ fn a_failed_restore_kills_the_tree_so_criu_fails() {
     assert_eq!(w.tree.0.lock().unwrap().killed, vec![11, 10]);
 }
 
+/// A process of the checkpoint missing from the restored tree fails the tree: the root answers
+/// with it even though its own GPU state came back, and the tree is killed.
+#[test]
+fn a_process_missing_from_the_restored_tree_fails_the_restore_at_the_root() {
+    let dir = dumped(&[(10, R), (11, R)]);
+    let w = restore_world(dir, &[(10, C)]);
+    let mut c = w.backend();
+    c.init(&w.host, Stage::Restore, &ours()).unwrap();
+    let e = err_text(&c.resume_devices_late(&w.host, 10));
+    assert!(
+        e.contains("CUDA process 11 (") && e.contains("not in the restored tree"),
+        "{e}"
+    );
+    assert_eq!(w.tree.0.lock().unwrap().killed, vec![10]);
+}
+
 #[test]
 fn restore_is_refused_before_anything_starts_when_gpus_lack_room() {
     let dir = dumped(&[(10, R), (11, R)]);
