@@ -25,6 +25,8 @@ pub struct Real {
     lineage: Option<Lineage>,
     /// The watched CRIU's run id (its network lock on dump).
     run_id: Option<String>,
+    /// Dump: the root of the tree CRIU's command line names, if it names one.
+    dump_root: Option<i32>,
     started: std::time::SystemTime,
 }
 
@@ -39,8 +41,13 @@ impl Real {
             image_dir,
             lineage,
             run_id,
+            dump_root: None,
             started: std::time::SystemTime::now(),
         }
+    }
+
+    pub fn dumping(self, dump_root: Option<i32>) -> Real {
+        Real { dump_root, ..self }
     }
 }
 
@@ -122,6 +129,21 @@ impl Machine for Real {
                 criu_gpu_image::netlock::table(&id)
             )),
         }
+    }
+
+    fn release_repair(&self, tracked: &[i32]) -> Option<String> {
+        // The dumped tree; without a root (CRIU over RPC), the GPU processes and theirs.
+        let roots = self.dump_root.map_or_else(|| tracked.to_vec(), |r| vec![r]);
+        let mut tree: Vec<i32> = roots.into_iter().flat_map(process::tree).collect();
+        tree.sort_unstable();
+        tree.dedup();
+        let n = super::repair::release(&tree);
+        (n > 0).then(|| {
+            format!(
+                "took {n} TCP socket(s) of the job out of the repair mode CRIU had put them in: \
+                 the connections work again (a process that used one before this saw an error)"
+            )
+        })
     }
 
     fn remove_ghosts(&self) -> Vec<String> {

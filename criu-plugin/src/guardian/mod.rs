@@ -15,6 +15,7 @@ pub mod agent;
 pub mod lineage;
 pub mod machine;
 pub mod proto;
+mod repair;
 mod sys;
 
 use std::collections::BTreeMap;
@@ -90,7 +91,9 @@ impl Guardian {
         let (link, pid) = sys::spawn(&keep, move |link, criu, criu_pid| {
             let lineage =
                 (watch == Watch::Restore).then(|| lineage::Lineage::follow(events, criu_pid));
-            let machine = std::sync::Arc::new(machine::Real::new(image_dir, lineage, run_id));
+            let dump_root = repair::dump_root(&repair::cmdline(criu_pid));
+            let machine = machine::Real::new(image_dir, lineage, run_id).dumping(dump_root);
+            let machine = std::sync::Arc::new(machine);
             if let Ok(agent) = agent::Agent::new(watch, machine, link, criu, criu_pid) {
                 agent.run();
             }

@@ -101,7 +101,12 @@ impl Agent {
     /// Rolls every process back without CRIU, and records what happened.
     pub(super) fn finish_alone(&mut self, when: &str) {
         let criu = self.criu_pid;
-        // The job's processes go on: the network CRIU locked for them must pass again.
+        // The job's processes go on: their sockets must leave repair mode, and the network
+        // CRIU locked for them must pass again.
+        let tracked: Vec<i32> = self.tracked.keys().copied().collect();
+        if let Some(line) = self.machine.release_repair(&tracked) {
+            self.out.log(Level::Warn, line);
+        }
         if let Some(line) = self.machine.unlock_network(false) {
             self.out.log(Level::Warn, line);
         }

@@ -61,6 +61,11 @@ pub trait Machine: Send + Sync + 'static {
     fn unlock_network(&self, _restore: bool) -> Option<String> {
         None
     }
+    /// Dump: takes the job's sockets out of the TCP repair mode CRIU left them in; what was
+    /// done.
+    fn release_repair(&self, _tracked: &[i32]) -> Option<String> {
+        None
+    }
     /// Restore: removes the image's unlinked files that the restore made and left; what was
     /// done.
     fn remove_ghosts(&self) -> Vec<String> {
