@@ -282,6 +282,9 @@ pub fn print_report(r: &Report) {
                     ),
                 );
             }
+            for t in &r.gpu.timings {
+                row("GPU phases", phases(t));
+            }
             for g in &cuda.memory_per_gpu {
                 row(
                     "GPU memory",
@@ -332,4 +335,32 @@ pub fn print_report(r: &Report) {
             Some(why) => format!("REFUSED: {why}"),
         },
     );
+}
+
+/// "dump: lock 0.02 s (2 processes), checkpoint 1.10 s (2 processes, 4.00 GiB)".
+fn phases(t: &criu_gpu_image::timings::Timings) -> String {
+    let each: Vec<String> = t
+        .phases
+        .iter()
+        .map(|p| {
+            let mut what = Vec::new();
+            if p.processes > 0 {
+                what.push(format!("{} processes", p.processes));
+            }
+            if p.bytes > 0 {
+                what.push(bytes(p.bytes));
+            }
+            let what = if what.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", what.join(", "))
+            };
+            format!("{} {:.2} s{what}", p.name, p.seconds)
+        })
+        .collect();
+    let command = serde_json::to_value(t.command)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default();
+    format!("{command}: {}", each.join(", "))
 }

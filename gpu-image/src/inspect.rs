@@ -16,6 +16,8 @@ pub struct Inspection {
     /// driver, whose device memory that plugin left inside their pages.
     pub cuda_upstream: Option<Vec<crate::criu_image::CudaMapper>>,
     pub rocm: Vec<RocmProcess>,
+    /// The plugin's phase timings of the dump and of the last restore from these images.
+    pub timings: Vec<crate::timings::Timings>,
     pub problems: Vec<String>,
 }
 
@@ -84,6 +86,13 @@ pub fn inspect(dir: &Path) -> Inspection {
                 buffers: r.meta.bos.len(),
                 buffer_bytes: r.meta.bos.iter().map(|b| b.size).sum(),
             }),
+            Err(e) => out.problems.push(e.to_string()),
+        }
+    }
+    use crate::timings::{read, Command};
+    for command in [Command::Dump, Command::Restore] {
+        match read(dir, command) {
+            Ok(t) => out.timings.extend(t),
             Err(e) => out.problems.push(e.to_string()),
         }
     }

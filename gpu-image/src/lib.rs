@@ -18,3 +18,4 @@ pub mod record;
 pub mod restorable;
 pub mod settings;
 pub mod thp;
+pub mod timings;

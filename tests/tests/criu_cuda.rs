@@ -19,6 +19,19 @@ fn dump_kill_restore(sim: &mut Sim, c: &Criu, app: &App, images: &std::path::Pat
     let out = c.restore(sim, images, &[], &[]);
     assert_ok(&out, images, "restore.log");
     sim.adopt(app.pid);
+    // The plugin's phase times as data: what the benchmarks read.
+    use criu_gpu_image::timings::{read, Command};
+    let dump = read(images, Command::Dump).unwrap().expect("dump timings");
+    let restore = read(images, Command::Restore)
+        .unwrap()
+        .expect("restore timings");
+    let checkpointed = dump.phase("checkpoint").map_or(0, |p| p.processes);
+    assert!(
+        checkpointed >= 1 && dump.phase("lock").is_some(),
+        "{dump:?}"
+    );
+    let restored = restore.phase("restore").map(|p| p.processes);
+    assert_eq!(restored, Some(checkpointed), "{restore:?}");
 }
 
 /// Restores `images` and checks the application runs on with its data.

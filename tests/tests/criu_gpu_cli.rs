@@ -55,9 +55,28 @@ fn inspect_and_check_tell_what_a_checkpoint_holds_and_whether_it_fits() {
         "the device data is in the pages: {r}"
     );
     assert_eq!(r["this_node"]["can_restore"], true, "{r}");
+    let dump = &r["gpu"]["timings"][0];
+    assert_eq!(dump["command"], "dump", "{r}");
+    let phase = |name: &str| {
+        dump["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} phase: {r}"))
+    };
+    assert_eq!(phase("checkpoint")["bytes"], 16 << 20, "{r}");
+    assert_eq!(phase("lock")["processes"], 1, "{r}");
     let human = run("criu-gpu", &["inspect", dir], &sim);
     assert_eq!(exit_code(&human), 0);
-    for want in ["CRIU 4.", "GPU memory", "16.00 MiB", "OK: can restore it"] {
+    for want in [
+        "CRIU 4.",
+        "GPU memory",
+        "16.00 MiB",
+        "OK: can restore it",
+        "dump: lock",
+    ] {
         assert!(stdout(&human).contains(want), "{want}: {}", stdout(&human));
     }
 

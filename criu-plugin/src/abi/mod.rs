@@ -136,7 +136,8 @@ fn fork_guardian(watch: Watch) -> Result<Guardian, GuardianError> {
     let dir = criu::image_dir_fd()
         .and_then(|fd| std::fs::File::open(format!("/proc/self/fd/{fd}")).ok())
         .map(std::os::fd::OwnedFd::from);
-    Guardian::fork(watch, dir, criu::run_id())
+    let dump_root = (watch == Watch::Dump).then(criu::dump_root_pid).flatten();
+    Guardian::fork(watch, dir, criu::run_id(), dump_root)
 }
 
 /// The inventory of the image CRIU restores, through CRIU's own functions.

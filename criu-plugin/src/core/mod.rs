@@ -15,6 +15,8 @@ use std::os::fd::{BorrowedFd, RawFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use criu_gpu_image::timings::{self, Command};
+
 pub use self::error::HookError;
 pub use self::threads::{Released, ThreadControl, ThreadError, ThreadWindow};
 /// The node's settings live with the checkpoint image's rules (`criu-gpu` reads them too).
@@ -179,6 +181,9 @@ pub struct Plugin {
     pub stage: Stage,
     host: Box<dyn Host + Send>,
     backends: Vec<Box<dyn Backend>>,
+    /// The image directory as a path, taken at `init`: CRIU may have closed its descriptor of
+    /// it by `exit` (a restore does).
+    image_dir: Option<PathBuf>,
 }
 
 impl Plugin {
@@ -187,10 +192,14 @@ impl Plugin {
         host: Box<dyn Host + Send>,
         backends: Vec<Box<dyn Backend>>,
     ) -> Plugin {
+        let image_dir = host
+            .image_dir()
+            .map(|p| std::fs::read_link(&p).unwrap_or(p));
         Plugin {
             stage,
             host,
             backends,
+            image_dir,
         }
     }
 
@@ -234,6 +243,22 @@ impl Plugin {
     pub fn exit(&mut self, success: bool) {
         for b in &mut self.backends {
             b.exit(self.host.as_ref(), self.stage, success);
+        }
+        self.write_timings(success);
+    }
+
+    /// The GPU phases' times as data beside the record (criu_gpu_image::timings).
+    fn write_timings(&self, success: bool) {
+        let command = match self.stage {
+            Stage::Dump => Command::Dump,
+            Stage::Restore => Command::Restore,
+            Stage::PreDump => return,
+        };
+        let (Some(t), Some(dir)) = (stats::timings(command, success), &self.image_dir) else {
+            return;
+        };
+        if let Err(e) = timings::write(dir, &t) {
+            tracing::warn!("the GPU phase timings were not written: {e}");
         }
     }
 }

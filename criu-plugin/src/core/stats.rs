@@ -3,7 +3,10 @@
 //! rather than GPU work. `exit` logs it; scripts/bench-plain-tree.sh reads it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
+
+use criu_gpu_image::timings::{Command, Phase, Timings};
 
 static SPENT_NS: AtomicU64 = AtomicU64::new(0);
 static CALLS: AtomicU64 = AtomicU64::new(0);
@@ -38,6 +41,34 @@ pub fn gpu_work(took: Duration) {
 pub fn scanned(processes: usize, took: Duration) {
     SCANNED.fetch_add(processes as u64, Ordering::Relaxed);
     SCAN_NS.fetch_add(ns(took), Ordering::Relaxed);
+}
+
+/// The GPU phases of this command, in order: written as data at `exit` (timings).
+static PHASES: Mutex<Vec<Phase>> = Mutex::new(Vec::new());
+
+/// A GPU phase done: `name` as the timings file names it.
+pub fn phase(name: &str, took: Duration, processes: usize, bytes: u64) {
+    PHASES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Phase {
+            name: name.to_owned(),
+            seconds: took.as_secs_f64(),
+            processes,
+            bytes,
+        });
+}
+
+/// This command's timings; none if it did no GPU phase.
+pub fn timings(command: Command, success: bool) -> Option<Timings> {
+    let phases = std::mem::take(&mut *PHASES.lock().unwrap_or_else(|e| e.into_inner()));
+    (!phases.is_empty()).then(|| Timings {
+        command,
+        success,
+        phases,
+        hook_seconds: SPENT_NS.load(Ordering::Relaxed) as f64 / 1e9,
+        hook_calls: CALLS.load(Ordering::Relaxed),
+    })
 }
 
 pub fn summary() -> String {

@@ -25,7 +25,7 @@ pub struct Real {
     lineage: Option<Lineage>,
     /// The watched CRIU's run id (its network lock on dump).
     run_id: Option<String>,
-    /// Dump: the root of the tree CRIU's command line names, if it names one.
+    /// Dump: the root of the dumped tree, as CRIU has it.
     dump_root: Option<i32>,
     started: std::time::SystemTime,
 }
@@ -132,7 +132,7 @@ impl Machine for Real {
     }
 
     fn release_repair(&self, tracked: &[i32]) -> Option<String> {
-        // The dumped tree; without a root (CRIU over RPC), the GPU processes and theirs.
+        // The dumped tree; without its root, the GPU processes and theirs.
         let roots = self.dump_root.map_or_else(|| tracked.to_vec(), |r| vec![r]);
         let mut tree: Vec<i32> = roots.into_iter().flat_map(process::tree).collect();
         tree.sort_unstable();

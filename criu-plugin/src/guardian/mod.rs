@@ -65,11 +65,14 @@ impl Guardian {
     /// Forks the guardian process watching the CRIU command this process runs. Must be
     /// called while CRIU runs a single thread (hooks run on it; the plugin's own threads are
     /// all joined by then).
-    /// `run_id`: this CRIU run's id, which names its network lock (taken back if CRIU dies).
+    /// `run_id`: this CRIU run's id, which names its network lock (taken back if CRIU dies);
+    /// `dump_root`: the root of the tree a dump dumps (whose sockets are taken out of repair
+    /// mode if CRIU dies).
     pub fn fork(
         watch: Watch,
         image_dir: Option<OwnedFd>,
         run_id: Option<String>,
+        dump_root: Option<i32>,
     ) -> Result<Guardian, GuardianError> {
         // A restore's forks are followed from before the first one (the guardian's own).
         let events = match watch {
@@ -91,7 +94,6 @@ impl Guardian {
         let (link, pid) = sys::spawn(&keep, move |link, criu, criu_pid| {
             let lineage =
                 (watch == Watch::Restore).then(|| lineage::Lineage::follow(events, criu_pid));
-            let dump_root = repair::dump_root(&repair::cmdline(criu_pid));
             let machine = machine::Real::new(image_dir, lineage, run_id).dumping(dump_root);
             let machine = std::sync::Arc::new(machine);
             if let Ok(agent) = agent::Agent::new(watch, machine, link, criu, criu_pid) {

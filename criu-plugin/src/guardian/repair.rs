@@ -29,34 +29,6 @@ fn release_process(pid: i32) -> usize {
         .count()
 }
 
-/// The root of the tree a CRIU command line dumps (`-t PID`, `--tree PID`, `--tree=PID`);
-/// none for CRIU driven over RPC, as container runtimes do.
-pub fn dump_root(cmdline: &[String]) -> Option<i32> {
-    let mut args = cmdline.iter();
-    while let Some(a) = args.next() {
-        let value = match a.as_str() {
-            "-t" | "--tree" => args.next().map(String::as_str),
-            _ => a.strip_prefix("--tree=").or_else(|| a.strip_prefix("-t")),
-        };
-        if let Some(pid) = value.and_then(|v| v.parse().ok()) {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-/// The command line of a process, argument by argument.
-pub fn cmdline(pid: i32) -> Vec<String> {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| {
-            b.split(|&c| c == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The process's descriptors that are sockets.
 fn sockets(pid: i32) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
@@ -81,16 +53,6 @@ mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsFd;
-
-    #[test]
-    fn the_dumped_tree_is_read_from_criu_s_command_line() {
-        let args = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
-        assert_eq!(dump_root(&args("criu dump -t 42 -D img")), Some(42));
-        assert_eq!(dump_root(&args("criu dump --tree 42")), Some(42));
-        assert_eq!(dump_root(&args("criu dump --tree=42 -v4")), Some(42));
-        assert_eq!(dump_root(&args("criu dump -t42")), Some(42));
-        assert_eq!(dump_root(&args("criu swrk 3")), None);
-    }
 
     /// Needs CAP_NET_ADMIN (repair mode) and the right to take another's descriptors: root.
     #[test]

@@ -14,6 +14,7 @@ use criu_gpu_image::thp::{Raised, Want};
 use super::{Ctx, Dump, Phase, Proc, Tree};
 use crate::backends::cuda::error::{ActionFailure, DumpError, Held, Who};
 use crate::backends::cuda::{action_limit, gib};
+use crate::core::stats;
 use crate::core::{HookError, HookResult, Host, ThreadWindow, Verdict};
 use crate::guardian::proto::{Act, Order};
 use crate::guardian::Guardian;
@@ -65,6 +66,7 @@ impl Dump {
         ctx.checkpoint_each(host, g, &todo, &run)?;
         let secs = start.elapsed().as_secs_f64();
         let count = todo.len();
+        stats::phase("checkpoint", start.elapsed(), count, bytes);
         ctx.find_staging(&mut tree.cuda, &before);
         tracing::info!(
             "checkpointed {} CUDA process(es), {:.2} GiB of device memory, in {secs:.2} s \

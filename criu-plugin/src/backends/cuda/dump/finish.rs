@@ -9,6 +9,7 @@ use criu_gpu_image::{digest, record};
 
 use super::{Dump, Phase};
 use crate::backends::cuda::{action_limit, gib};
+use crate::core::stats;
 use crate::core::{FinalState, HookError, Host, ThreadWindow};
 use crate::guardian::proto::{Order, Returned};
 
@@ -106,6 +107,7 @@ impl Dump {
             Ok(d) => {
                 let bytes: u64 = d.iter().map(|f| f.size).sum();
                 let n = d.len();
+                stats::phase("digests", start.elapsed(), 0, bytes);
                 match self.write_record(host, d) {
                     Ok(()) => tracing::info!(
                         "recorded digests of {n} image files ({:.2} GiB) in {:.2} s",

@@ -12,6 +12,7 @@ use cuda_checkpoint_ctl::ops::rounds::{
 
 use super::{Ctx, Proc};
 use crate::backends::cuda::error::{DumpError, LockFailure, Who};
+use crate::core::stats;
 use crate::core::HookError;
 use crate::guardian::proto::Act;
 use crate::guardian::Guardian;
@@ -141,6 +142,7 @@ impl Ctx {
                 start.elapsed().as_secs_f64() * 1e3
             );
         }
+        stats::phase("lock", start.elapsed(), running.len(), 0);
         let left = hard.saturating_duration_since(Instant::now());
         if left < Duration::from_secs(2) {
             tracing::warn!(

@@ -15,6 +15,7 @@ use super::{Later, Phase, Ready, Restore};
 use crate::backends::cuda::error::RestoreError;
 use crate::backends::cuda::procs::Procs;
 use crate::backends::cuda::{gib, SpawnGuardian, UPSTREAM_PLUGIN};
+use crate::core::stats;
 use crate::core::{Claims, HookError, Host, Settings};
 use crate::guardian::proto::{Order, Watch};
 use crate::guardian::Guardian;
@@ -89,6 +90,7 @@ impl Restore {
             return Ok(None);
         };
         let bytes: u64 = checked.later.iter().map(|d| d.size).sum();
+        stats::phase("verify", start.elapsed(), 0, checked.bytes);
         tracing::info!(
             "image files checked against their digests: {} files, {:.2} GiB, in {:.2} s; {:.2} \
              GiB of pages images are checked while CRIU restores",

@@ -12,6 +12,7 @@ use super::tree::{Found, Restorable};
 use super::Restore;
 use crate::backends::cuda::error::{ActionFailure, RestoreError};
 use crate::backends::cuda::{action_limit, gib};
+use crate::core::stats;
 use crate::core::{Host, ThreadWindow};
 use crate::guardian::proto::Act;
 use crate::guardian::Guardian;
@@ -92,6 +93,7 @@ impl Restore {
             .map(device_bytes)
             .sum();
         let secs = start.elapsed().as_secs_f64();
+        stats::phase("restore", start.elapsed(), ok, bytes);
         tracing::info!(
             "restored CUDA state of {ok} of {of} process(es) in {secs:.2} s ({:.2} GiB, {:.2} GB/s)",
             gib(bytes),
