@@ -22,9 +22,11 @@ use self::stream::with_tar;
 use self::tar::{walk, Listing};
 
 /// Files extracted from archives: what the restore checks and `inspect` read.
-const WANTED: [&str; 6] = [
+const WANTED: [&str; 8] = [
     "inventory.img",
     "gpu-cuda.json",
+    "gpu-timings-dump.json",
+    "gpu-timings-restore.json",
     "config.dump",
     "spec.dump",
     "dump.log",
