@@ -2,7 +2,7 @@
 # The main job, shown end to end: a GPU application holding 256 MiB of device memory is dumped
 # to disk by `criu dump` with the installed plugin, killed, brought back by `criu restore`, and
 # keeps checking its device data. Runs on the simulated GPU (no GPU needed); with --gpu, runs
-# scripts/gpu-criu-test.sh on the machine's NVIDIA GPU instead.
+# scripts/gpu/gpu-criu-test.sh on the machine's NVIDIA GPU instead.
 #
 #   sudo scripts/demo.sh [--gpu]
 set -euo pipefail
@@ -10,7 +10,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 PREFIX=${PREFIX:-/usr/local}
 export PATH="$PREFIX/bin:$PREFIX/sbin:$PATH"
 if [ "${1:-}" = --gpu ]; then
-	exec bash "$root/scripts/gpu-criu-test.sh" 1 1
+	exec bash "$root/scripts/gpu/gpu-criu-test.sh" 1 1
 fi
 SIM=$PREFIX/lib/criu-gpu/sim
 work=$(mktemp -d /tmp/criu-gpu-demo.XXXXXX)

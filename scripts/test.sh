@@ -27,7 +27,7 @@ sim=(--features criu-gpu-plugin/simulation)
 step "lints"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo clippy --locked --workspace --all-targets "${sim[@]}" -- -D warnings
-shellcheck -x scripts/*.sh scripts/gpu/*.sh scripts/gpu/containers/*.sh third_party/criu/*.sh third_party/criu/tests/*.sh .ci/run
+shellcheck -x scripts/*.sh scripts/gpu/*.sh scripts/gpu/containers/*.sh scripts/experiments/*.sh scripts/k8s/* third_party/criu/*.sh third_party/criu/tests/*.sh .ci/run
 step "build (the tests run the built binaries and libraries)"
 cargo build --locked --workspace "${sim[@]}"
 step "tests"

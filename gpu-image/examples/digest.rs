@@ -1,6 +1,6 @@
 //! Times the image digests the plugin takes at the end of a dump and checks before a restore:
 //! `cargo run --release -p criu-gpu-image --example digest -- DIR` hashes DIR's `*.img` files
-//! (scripts/bench-digest.sh makes an 8 GiB one and compares with a plain read of it).
+//! (scripts/gpu/bench-digest.sh makes an 8 GiB one and compares with a plain read of it).
 
 use std::time::Instant;
 

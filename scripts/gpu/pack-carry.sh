@@ -1,11 +1,11 @@
 #!/bin/bash
 # Packs what the GPU machine (Ubuntu 24.04, no CRIU, no network) needs into .carry/:
-#   bin/     cuda-checkpoint-ctl, criu-gpu, digest (scripts/bench-digest.sh); criu and criu-stock (wrappers) with criu.real (the project's
+#   bin/     cuda-checkpoint-ctl, criu-gpu, digest (scripts/gpu/bench-digest.sh); criu and criu-stock (wrappers) with criu.real (the project's
 #            patched CRIU) and criu-stock.real (stock 4.2.1), both from scripts/install-criu.sh
 #   lib/     the shared libraries CRIU needs that Ubuntu 24.04 lacks
 #   plugins/ criu_gpu_plugin.so
 #   upstream-plugins/ CRIU's own cuda_plugin.so (scripts/install-criu.sh builds it)
-#   bin/lz4  when lz4 is installed here (scripts/gpu/compress-pages.sh; Debian's is static but
+#   bin/lz4  when lz4 is installed here (scripts/experiments/compress-pages.sh; Debian's is static but
 #            for libc)
 # Then on that machine: export PATH=$PWD/.carry/bin:$PATH.
 # Environment: PREFIX (/usr/local), where install-criu.sh installed CRIU.

@@ -1,6 +1,6 @@
 //! What the plugin costs CRIU: the time spent in its hooks, and how much of it is fixed cost
 //! (answering "not mine" for processes without GPU state, looking for CUDA in every process)
-//! rather than GPU work. `exit` logs it; scripts/bench-plain-tree.sh reads it.
+//! rather than GPU work. `exit` logs it; scripts/gpu/bench-plain-tree.sh reads it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -5,7 +5,7 @@
 # says when it dumps and restores the job (sockets transport) and a torchrun job. Facts, not a
 # test: every part prints what happened and goes on.
 #
-#   OUT=/tmp/out scripts/gpu/dist-explore.sh [PARTS]      PARTS: default "facts transports swap criu torchrun"
+#   OUT=/tmp/out scripts/experiments/dist-explore.sh [PARTS]      PARTS: default "facts transports swap criu torchrun"
 #
 # Needs .carry (scripts/gpu/pack-carry.sh) in the working tree.
 set -uo pipefail
@@ -19,7 +19,7 @@ PARTS=${1:-"facts transports swap criu torchrun"}
 export PATH="$root/.carry/bin:$PATH"
 CTL=$root/.carry/bin/cuda-checkpoint-ctl
 PLUGINS=$root/.carry/plugins
-JOB=$here/ddp-job.py
+JOB=$here/../gpu/ddp-job.py
 # Never NVLink multicast on this machine (it can take the host's GPUs out of service).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1

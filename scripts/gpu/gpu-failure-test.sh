@@ -4,7 +4,7 @@
 # stops it. Each case must end with the application running and its device data intact
 # (checked on the GPU, word by word), or a clear refusal with nothing locked.
 #
-#   scripts/gpu-failure-test.sh [GIB]          default 4 (the size of the data-holding app)
+#   scripts/gpu/gpu-failure-test.sh [GIB]          default 4 (the size of the data-holding app)
 #
 # Environment: CRIU (default: criu from PATH), PLUGINS (a directory holding criu_gpu_plugin.so,
 # default /usr/lib/criu), CTL (cuda-checkpoint-ctl), IMAGES (default /dev/shm/gpu-fail).
@@ -17,12 +17,12 @@ WORK=${WORK:-/tmp/gpu-fail}
 IMAGES=${IMAGES:-/dev/shm/gpu-fail}
 GIB=${1:-4}
 # shellcheck source=scripts/gpu/lib.sh
-. "$here/gpu/lib.sh"
+. "$here/lib.sh"
 trap 'cleanup_apps; rm -rf "$IMAGES"' EXIT
 mkdir -p "$WORK" "$IMAGES"
 "$CRIU" --version | head -1
-nvcc -O2 -o "$WORK/gpu-app" "$here/gpu/gpu-app.cu" || exit 1
-nvcc -O2 -o "$WORK/gpu-busy" "$here/gpu/gpu-busy.cu" || exit 1
+nvcc -O2 -o "$WORK/gpu-app" "$here/gpu-app.cu" || exit 1
+nvcc -O2 -o "$WORK/gpu-busy" "$here/gpu-busy.cu" || exit 1
 
 state() { timeout 10 "$CTL" --get-state --pid "$1" 2>&1 | tr -d ' \n'; }
 

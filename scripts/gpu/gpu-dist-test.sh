@@ -7,7 +7,7 @@
 # (NCCL's own transports, an io_uring), what the driver does with two more transport settings,
 # and CRIU killed in the middle of a dump. Each part is bounded and prints what it saw.
 #
-#   OUT=/tmp/out [RANKS=2] scripts/gpu-dist-test.sh [PARTS]
+#   OUT=/tmp/out [RANKS=2] scripts/gpu/gpu-dist-test.sh [PARTS]
 #   PARTS default: "spawn torchrun swap refuse facts kill"; RANKS=1 runs spawn, torchrun, refuse
 #   and kill on a machine with one GPU (NCCL takes one rank per GPU).
 # torchrun's agent (PyTorch 2.11) makes its TCPStore servers on libuv, which holds an io_uring
@@ -17,14 +17,14 @@
 # Needs .carry (scripts/gpu/pack-carry.sh) in the working tree.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
+root=$(cd "$here/../.." && pwd)
 OUT=${OUT:-/tmp/gpu-dist-test}
 PARTS=${1:-"spawn torchrun swap refuse facts kill"}
 W=/dev/shm/gpu-dist
 RES=/tmp/gpu-dist-results
 export PATH="$root/.carry/bin:$PATH"
 PLUG=$root/.carry/plugins
-JOB=$here/gpu/ddp-job.py
+JOB=$here/ddp-job.py
 STEPS=300
 RANKS=${RANKS:-2}
 RANK_IDS=$(seq 0 $((RANKS - 1)))

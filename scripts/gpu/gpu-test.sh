@@ -3,7 +3,7 @@
 # real CUDA applications (nvcc-built, and PyTorch) hold pseudo-random data, are toggled out to
 # host memory and back with the CLI, and check their data bit for bit on the GPU afterwards.
 #
-#   scripts/gpu-test.sh [SIZES_GIB]      default sizes: "1 32"
+#   scripts/gpu/gpu-test.sh [SIZES_GIB]      default sizes: "1 32"
 #
 # Environment: CTL (default: cuda-checkpoint-ctl from PATH), WORK (scratch, default
 # /tmp/gpu-test), SKIP_TORCH=1 to leave PyTorch out, MULTI="4 4" (processes, GiB each).
@@ -14,7 +14,7 @@ WORK=${WORK:-/tmp/gpu-test}
 SIZES=${1:-"1 32"}
 read -r MULTI_N MULTI_GIB <<<"${MULTI:-4 4}"
 # shellcheck source=scripts/gpu/lib.sh
-. "$here/gpu/lib.sh"
+. "$here/lib.sh"
 trap cleanup_apps EXIT
 
 [ -x "$CTL" ] || { echo "cuda-checkpoint-ctl not found: set CTL"; exit 1; }
@@ -22,7 +22,7 @@ mkdir -p "$WORK"
 say "== machine"
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.used,memory.total --format=csv
 "$CTL" --gpus || fail "cuda-checkpoint-ctl --gpus"
-nvcc -O2 -o "$WORK/gpu-app" "$here/gpu/gpu-app.cu" || { echo "nvcc failed"; exit 1; }
+nvcc -O2 -o "$WORK/gpu-app" "$here/gpu-app.cu" || { echo "nvcc failed"; exit 1; }
 
 # roundtrip NAME GIB CMD...: start, verify, suspend (check state and GPU memory), resume, verify.
 roundtrip() {
@@ -61,7 +61,7 @@ for gib in $SIZES; do
 	roundtrip "nvcc-${gib}g" "$gib" "$WORK/gpu-app" "$gib" 7 "$WORK/nvcc-${gib}g.status"
 	if [ -z "${SKIP_TORCH:-}" ]; then
 		say "== PyTorch application, $gib GiB"
-		roundtrip "torch-${gib}g" "$gib" python3 "$here/gpu/torch-app.py" "$gib" 7 "$WORK/torch-${gib}g.status"
+		roundtrip "torch-${gib}g" "$gib" python3 "$here/torch-app.py" "$gib" 7 "$WORK/torch-${gib}g.status"
 	fi
 done
 

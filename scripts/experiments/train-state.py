@@ -1,5 +1,5 @@
 """train-state: a PyTorch process holding a training job's state on the GPU, for measuring what
-compression does to real GPU data in a CRIU image (scripts/gpu/compress-pages.sh).
+compression does to real GPU data in a CRIU image (scripts/experiments/compress-pages.sh).
 
 A transformer encoder (LAYERS layers of width WIDTH, fp32 weights) trained for STEPS steps with
 AdamW under bf16 autocast on random data: weights, gradients, both Adam moments and the caching

@@ -6,7 +6,7 @@
 # which the speed of the place the image goes (tmpfs or a disk) decides: compression pays only
 # where the bytes it saves take longer to write and read than compressing them takes.
 #
-#   scripts/gpu/compress-pages.sh DIR [LABEL]
+#   scripts/experiments/compress-pages.sh DIR [LABEL]
 # Environment: LZ4 (lz4 in PATH), THREADS (16), SAMPLE_GIB (2), TMP (/dev/shm).
 set -euo pipefail
 dir=$1

@@ -2,7 +2,7 @@
 # What LZ4 does to a training job's checkpoint: train-state.py (a transformer with AdamW state
 # on the GPU) dumped with the project's CRIU and plugin into tmpfs, then compress-pages.sh on its
 # pages images. Run on the GPU machine after scripts/gpu/pack-carry.sh:
-#   export PATH=$PWD/.carry/bin:$PATH; scripts/gpu/compress-train-state.sh [LAYERS [WIDTH]]
+#   export PATH=$PWD/.carry/bin:$PATH; scripts/experiments/compress-train-state.sh [LAYERS [WIDTH]]
 # Environment: PLUGINS (.carry/plugins), IMAGES (/dev/shm/train-state), WORK (/tmp/train-state).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

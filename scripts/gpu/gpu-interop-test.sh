@@ -4,7 +4,7 @@
 # cuda-checkpoint-ctl standing in for NVIDIA's cuda-checkpoint; and an image it dumped is
 # restored by this project's plugin. The application checks its data bit for bit afterwards.
 #
-#   UPSTREAM_PLUGINS=DIR PLUGINS=DIR scripts/gpu-interop-test.sh [GIB]
+#   UPSTREAM_PLUGINS=DIR PLUGINS=DIR scripts/gpu/gpu-interop-test.sh [GIB]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 CRIU=${CRIU:-$(command -v criu || echo /usr/local/sbin/criu)}
@@ -15,12 +15,12 @@ WORK=${WORK:-/tmp/gpu-interop}
 IMAGES=${IMAGES:-/dev/shm/gpu-interop}
 GIB=${1:-1}
 # shellcheck source=scripts/gpu/lib.sh
-. "$here/gpu/lib.sh"
+. "$here/lib.sh"
 trap 'cleanup_apps; rm -rf "$IMAGES"' EXIT
 mkdir -p "$WORK/bin"
 ln -sf "$CTL" "$WORK/bin/cuda-checkpoint"
 export PATH="$WORK/bin:$PATH"
-nvcc -O2 -o "$WORK/gpu-app" "$here/gpu/gpu-app.cu" 2>/dev/null || { echo "nvcc failed"; exit 1; }
+nvcc -O2 -o "$WORK/gpu-app" "$here/gpu-app.cu" 2>/dev/null || { echo "nvcc failed"; exit 1; }
 say "cuda-checkpoint in PATH: $(command -v cuda-checkpoint) -> $CTL"
 
 # one_round NAME DUMP_PLUGINS RESTORE_PLUGINS

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs staging-probe.cu on the GPU machine: where the driver's checkpoint puts device memory in
 # the process, and whether its restore can overlap the arrival of that memory (userfaultfd).
-#   scripts/gpu/staging-probe.sh [OUT_DIR]
+#   scripts/experiments/staging-probe.sh [OUT_DIR]
 # Each case is bounded; the log goes to OUT_DIR/staging-probe.log (default: stdout only).
 # CASES: "GIB:MODE..." cases, separated by ";" (default: 8 GiB of every mode, 32 GiB of three).
 set -uo pipefail

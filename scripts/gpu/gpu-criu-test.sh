@@ -6,7 +6,7 @@
 # that CRIU fails after the GPU checkpoint, and --leave-running, must leave the application
 # running with its data. Prints dump and restore times by size.
 #
-#   scripts/gpu-criu-test.sh [SIZES_GIB] [TORCH_SIZES_GIB]     defaults: "1 8 32" "1 8"
+#   scripts/gpu/gpu-criu-test.sh [SIZES_GIB] [TORCH_SIZES_GIB]     defaults: "1 8 32" "1 8"
 #
 # Environment: CRIU (default: criu from PATH), PLUGINS (directory holding criu_gpu_plugin.so,
 # default /usr/lib/criu), CTL (cuda-checkpoint-ctl), IMAGES (default /dev/shm/gpu-criu: keep
@@ -22,12 +22,12 @@ SIZES=${1:-"1 8 32"}
 TORCH_SIZES=${2:-"1 8"}
 read -r MULTI_N MULTI_GIB <<<"${MULTI:-4 4}"
 # shellcheck source=scripts/gpu/lib.sh
-. "$here/gpu/lib.sh"
+. "$here/lib.sh"
 trap 'cleanup_apps; rm -rf "$IMAGES"' EXIT
 mkdir -p "$WORK"
 "$CRIU" --version | head -1
 [ -f "$PLUGINS/criu_gpu_plugin.so" ] || { echo "no criu_gpu_plugin.so in $PLUGINS"; exit 1; }
-nvcc -O2 -o "$WORK/gpu-app" "$here/gpu/gpu-app.cu" 2>/dev/null || { echo "nvcc failed"; exit 1; }
+nvcc -O2 -o "$WORK/gpu-app" "$here/gpu-app.cu" 2>/dev/null || { echo "nvcc failed"; exit 1; }
 
 wait_pids_gone() {
 	for p in "$@"; do
@@ -88,7 +88,7 @@ for gib in $SIZES; do
 done
 for gib in $TORCH_SIZES; do
 	say "== PyTorch application, $gib GiB"
-	roundtrip "torch-${gib}g" "$gib" python3 "$here/gpu/torch-app.py" "$gib" 5 "$WORK/torch-${gib}g.status"
+	roundtrip "torch-${gib}g" "$gib" python3 "$here/torch-app.py" "$gib" 5 "$WORK/torch-${gib}g.status"
 done
 
 say "== $MULTI_N processes of $MULTI_GIB GiB in one tree: concurrent, then one at a time"

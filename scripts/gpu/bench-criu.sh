@@ -16,13 +16,13 @@
 # stats and log), then per case the medians, GB/s and the ratios to cplug and stock of this run,
 # and the project's goals. First the same-run ceilings: memory copy, tmpfs and disk bandwidth.
 #
-#   scripts/bench-criu.sh [--sim] [--sizes "8 32"] [--tree "4 4"] [--rounds 3]
+#   scripts/gpu/bench-criu.sh [--sim] [--sizes "8 32"] [--tree "4 4"] [--rounds 3]
 #                         [--stacks "ours cplug ..."] [--disk DIR]
 # --disk DIR: the images go to DIR (a real disk): each dump's time includes a sync, the page
 # cache is dropped before each restore, and the disk's own sequential write (fsync) and direct
 # read speeds of the same run are the ceilings the goals compare with.
 # On the GPU machine (after scripts/gpu/pack-carry.sh here): export PATH=$PWD/.carry/bin:$PATH
-#   PLUGINS=.carry/plugins UPSTREAM_PLUGINS=.carry/upstream-plugins scripts/bench-criu.sh
+#   PLUGINS=.carry/plugins UPSTREAM_PLUGINS=.carry/upstream-plugins scripts/gpu/bench-criu.sh
 # --sim: on the simulated GPU (scripts/install.sh installs it), small sizes by default: checks
 # that the script works on a machine without a GPU; its times mean nothing.
 # Environment: CRIU (criu in PATH), CRIU_STOCK (criu-stock in PATH, else
@@ -74,7 +74,7 @@ fi
 WORK=${WORK:-/tmp/bench-criu}
 SIM=${SIM:-/usr/local/lib/criu-gpu/sim}
 # shellcheck source=scripts/gpu/lib.sh
-. "$here/gpu/lib.sh"
+. "$here/lib.sh"
 
 die() { echo "bench-criu.sh: $*" >&2; exit 1; }
 for f in "$CRIU" "$CRIU_STOCK" "$CTL" "$CRIU_GPU"; do [ -x "$f" ] || die "$f not found (see the environment above)"; done
@@ -93,7 +93,7 @@ trap cleanup EXIT
 rm -rf "$WORK" "$IMAGES"
 mkdir -p "$WORK/bin" "$IMAGES"
 ln -sf "$CTL" "$WORK/bin/cuda-checkpoint"
-gcc -O2 -pthread -o "$WORK/bw" "$here/../third_party/criu/tests/bw.c" || die "gcc failed"
+gcc -O2 -pthread -o "$WORK/bw" "$here/../../third_party/criu/tests/bw.c" || die "gcc failed"
 
 # The applications: gpu-app on a GPU, cuda-sim-app on the simulated one. app_cmd NAME GIB SEED
 # DEVICE prints the command that starts one; app_ready STATUS waits for it; app_check PID STATUS
@@ -123,7 +123,7 @@ if [ $sim = 1 ]; then
 		[ "$(count "$2" ' ok$')" -ge $((n + 3)) ] && ! grep -q MISMATCH "$2"
 	}
 else
-	nvcc -O2 -o "$WORK/gpu-app" "$here/gpu/gpu-app.cu" || die "nvcc failed"
+	nvcc -O2 -o "$WORK/gpu-app" "$here/gpu-app.cu" || die "nvcc failed"
 	gpus=$(nvidia-smi -L | wc -l)
 	CPLUG_ENV=()
 	app_cmd() { echo "env CUDA_VISIBLE_DEVICES=$4 $WORK/gpu-app $2 $3 $WORK/$1.status"; }

@@ -5,7 +5,7 @@
 # difference divided by the plain processes is the cost of one (goal: <= 0.05 ms; CRIU's C
 # cuda_plugin spends about 26 ms per process exec'ing cuda-checkpoint).
 #
-#   scripts/bench-plain-tree.sh [PLAIN]          default 100
+#   scripts/gpu/bench-plain-tree.sh [PLAIN]          default 100
 #
 # On a machine without a GPU it uses the simulated GPU (the installed one, as scripts/demo.sh);
 # with nvidia-smi present, real CUDA processes (nvcc-built gpu-app, 256 MiB each).
@@ -27,7 +27,7 @@ cleanup() {
 trap cleanup EXIT
 
 if command -v nvidia-smi >/dev/null; then
-	nvcc -O2 -o "$WORK/gpu-app" "$here/gpu/gpu-app.cu" || exit 1
+	nvcc -O2 -o "$WORK/gpu-app" "$here/gpu-app.cu" || exit 1
 	gpu() { "$WORK/gpu-app" 0.25 "$1" "$WORK/app$1.status"; }
 	echo "real GPU: $(nvidia-smi -L | head -1)"
 else

@@ -5,7 +5,7 @@
 #  3. N processes suspended and resumed as a tree (concurrently) against one after another.
 # All figures are ratios against baselines measured in the same run (these machines are noisy).
 #
-#   scripts/bench-toggle.sh [SIZES_GIB] [N] [GIB_EACH]     defaults: "1 4 16" 4 4
+#   scripts/gpu/bench-toggle.sh [SIZES_GIB] [N] [GIB_EACH]     defaults: "1 4 16" 4 4
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 CTL=${CTL:-$(command -v cuda-checkpoint-ctl || true)}
@@ -14,11 +14,11 @@ SIZES=${1:-"1 4 16"}
 N=${2:-4}
 EACH=${3:-4}
 # shellcheck source=scripts/gpu/lib.sh
-. "$here/gpu/lib.sh"
+. "$here/lib.sh"
 trap cleanup_apps EXIT
 [ -x "$CTL" ] || { echo "cuda-checkpoint-ctl not found: set CTL"; exit 1; }
 mkdir -p "$WORK"
-nvcc -O2 -o "$WORK/gpu-app" "$here/gpu/gpu-app.cu" && nvcc -O2 -o "$WORK/copy-bw" "$here/gpu/copy-bw.cu" || exit 1
+nvcc -O2 -o "$WORK/gpu-app" "$here/gpu-app.cu" && nvcc -O2 -o "$WORK/copy-bw" "$here/copy-bw.cu" || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 say "== copy bandwidth ceiling (4 GiB)"

@@ -2,7 +2,7 @@
 # The cost of the image digests (recorded at the end of a dump, checked before a restore) at
 # 8 GiB, against a plain read of the same file in the same run (the ceiling).
 #
-#   scripts/bench-digest.sh [GIB] [DIR]          defaults: 8, /dev/shm/bench-digest
+#   scripts/gpu/bench-digest.sh [GIB] [DIR]          defaults: 8, /dev/shm/bench-digest
 #
 # DIGEST: the digest example (cargo build --release -p criu-gpu-image --example digest).
 set -euo pipefail

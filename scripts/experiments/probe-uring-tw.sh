@@ -6,7 +6,7 @@
 #  torchrun: which processes of a torchrun job hold an io_uring, under which launch settings, and
 #            where the installed PyTorch makes its TCPStore servers.
 # Needs .carry (scripts/gpu/pack-carry.sh). Results under $OUT (default /tmp/probe-out).
-#   scripts/gpu/probe-uring-tw.sh [PARTS]    # PARTS default: "tw torchrun"
+#   scripts/experiments/probe-uring-tw.sh [PARTS]    # PARTS default: "tw torchrun"
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export PATH=$root/.carry/bin:$PATH

@@ -3,7 +3,7 @@
 # must survive (the simulated driver copies what this prints). Each experiment has a time limit
 # and prints what it saw; nothing here asserts.
 #
-#   scripts/gpu/driver-facts.sh [OUT_DIR]       (needs nvcc, python3 and cuda-checkpoint-ctl)
+#   scripts/experiments/driver-facts.sh [OUT_DIR]       (needs nvcc, python3 and cuda-checkpoint-ctl)
 #
 # CTL: cuda-checkpoint-ctl (default: from PATH). WORK: scratch (default /tmp/driver-facts).
 set -uo pipefail
@@ -30,8 +30,8 @@ trap cleanup EXIT
 
 nvidia-smi -L | tee -a "$LOG"
 nvidia-smi --query-gpu=driver_version --format=csv,noheader | tee -a "$LOG"
-nvcc -O2 -o "$WORK/gpu-app" "$here/gpu-app.cu" || exit 1
-nvcc -O2 -o "$WORK/gpu-busy" "$here/gpu-busy.cu" || exit 1
+nvcc -O2 -o "$WORK/gpu-app" "$here/../gpu/gpu-app.cu" || exit 1
+nvcc -O2 -o "$WORK/gpu-busy" "$here/../gpu/gpu-busy.cu" || exit 1
 UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1 | tr -d ' ')
 BOGUS=GPU-00000000-1111-2222-3333-444444444444
 
