@@ -157,11 +157,21 @@ ceilings() {
 	done
 }
 
-# Phases, from the logs of one run. The project's plugin logs its own times; CRIU's C plugin
-# does not, so its driver time is the time from each of its lock, checkpoint and restore lines
-# to the next line of CRIU's own (its cuda-checkpoint runs in between).
-criu_gpu_secs() { # FILE WORD: the time of the plugin's "WORD ... in T s" line
-	sed -nE "s/.*criu_gpu: $2 .* in ([0-9.]+) ?s.*/\1/p" "$1" | tail -1
+# Phases of one run. The project's plugin writes its own times as data (gpu-timings-*.json in the
+# image directory); CRIU's C plugin does not, so its driver time is the time from each of its
+# lock, checkpoint and restore lines to the next line of CRIU's own (its cuda-checkpoint runs in
+# between).
+plugin_phase() { # DIR COMMAND PHASE: the seconds of the plugin's PHASE of COMMAND (dump, restore)
+	python3 - "$1/gpu-timings-$2.json" "$3" <<'EOF'
+import json, sys
+try:
+    phases = json.load(open(sys.argv[1]))["body"]["phases"]
+except (OSError, ValueError, KeyError):
+    sys.exit(0)
+for p in phases:
+    if p["name"] == sys.argv[2]:
+        print(f"{p['seconds']:.2f}")
+EOF
 }
 gaps_after() { # FILE REGEX: sum over matching lines of the time to the next non-plugin line
 	awk -v re="$2" '{ t = substr($1, 2) + 0 }
@@ -172,12 +182,12 @@ gaps_after() { # FILE REGEX: sum over matching lines of the time to the next non
 driver_dump() { # STACK DIR
 	if [ "$1" = cplug ]; then
 		gaps_after "$2/dump.log" 'cuda_plugin: (pausing devices|Checkpointing CUDA devices) on pid'
-	else criu_gpu_secs "$2/dump.log" checkpointed; fi
+	else plugin_phase "$2" dump checkpoint; fi
 }
 driver_restore() {
 	if [ "$1" = cplug ]; then
 		gaps_after "$2/restore.log" 'cuda_plugin: resuming devices on pid'
-	else criu_gpu_secs "$2/restore.log" restored; fi
+	else plugin_phase "$2" restore restore; fi
 }
 pages_dump() { # CRIU's own stats: the time it spent dumping memory (all processes)
 	sed -n 's/^Memory dump time: \([0-9]*\) us/\1/p' "$1/stats.out" | awk '{ printf "%.2f", $1 / 1e6 }'
