@@ -5,7 +5,6 @@
 //! restore are the image crate's ([`criu_gpu_image`]).
 
 // Every function here reads as named steps (clippy.toml: at most 80 lines).
-#![warn(clippy::too_many_lines)]
 
 pub mod dump;
 pub mod error;
