@@ -196,8 +196,17 @@ impl ImageReader {
         if h[..8] != MAGIC {
             return Err(ImageError::BadMagic { path: p });
         }
-        let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap());
-        let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap());
+        // Fixed offsets inside the header read above.
+        let u32_at = |o: usize| {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&h[o..o + 4]);
+            u32::from_le_bytes(b)
+        };
+        let u64_at = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&h[o..o + 8]);
+            u64::from_le_bytes(b)
+        };
         let version = u32_at(8);
         if version != VERSION {
             return Err(ImageError::Version {

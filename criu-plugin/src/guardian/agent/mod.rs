@@ -2,7 +2,8 @@
 //! each process was before the dump, and watches CRIU. If CRIU goes away before the plugin's
 //! `exit` has finished, the guardian finishes the job alone: it brings every process it touched
 //! back to its state before the dump, or kills a half-restored tree, and says so in syslog and in
-//! `gpu-guardian.log` in the image directory.
+//! `gpu-guardian.log` in the image directory. For a ROCm dump it holds the KFD file of each
+//! process whose GPU queues the dump pauses, and restarts them if CRIU goes first ([`kfd`]).
 //!
 //! Calls on one process run one after another on a worker thread of their own (the driver
 //! serialises them anyway, and a rollback must come after a call still in flight); calls on
@@ -11,7 +12,7 @@
 //! calls to return before it decides what is left to undo.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
@@ -25,8 +26,11 @@ use cuda_checkpoint_ctl::inventory::Inventory;
 use rustix::event::{poll, PollFd, PollFlags};
 
 mod alone;
+mod kfd;
 mod worker;
 
+use self::kfd::KfdHold;
+pub use self::kfd::Unpaused;
 use self::worker::{no_driver, Job, Tracked, Worker};
 use super::proto::{self, Act, Level, Op, Order, Outcome, Report, Watch};
 
@@ -75,6 +79,14 @@ pub trait Machine: Send + Sync + 'static {
     /// The image directory, for checking image files.
     fn image_dir(&self) -> Option<PathBuf> {
         None
+    }
+    /// AMD: restarts the GPU queues of process `pid` that a dump paused through its KFD file
+    /// `file` (the process's own open file, handed over by the plugin). Only once CRIU is gone:
+    /// amdkfd takes these calls from the process itself or from its tracer only.
+    fn unpause_kfd(&self, pid: i32, _file: BorrowedFd<'_>) -> Result<Unpaused, String> {
+        Err(format!(
+            "this guardian cannot reach process {pid}'s KFD (no AMD support)"
+        ))
     }
 }
 
@@ -169,6 +181,8 @@ pub struct Agent {
     criu: OwnedFd,
     criu_pid: i32,
     tracked: BTreeMap<i32, Tracked>,
+    /// AMD: the KFD files of processes whose GPU queues the dump pauses.
+    kfds: BTreeMap<i32, KfdHold>,
     phase: Phase,
     /// Restore: the restored tree as RESUME_DEVICES_LATE found it.
     tree: BTreeSet<i32>,
@@ -200,6 +214,7 @@ impl Agent {
             criu,
             criu_pid,
             tracked: BTreeMap::new(),
+            kfds: BTreeMap::new(),
             phase: Phase::Working,
             tree: BTreeSet::new(),
             expected: Vec::new(),
@@ -211,7 +226,10 @@ impl Agent {
 
     /// Serves the plugin until its work is done or CRIU is gone, then finishes alone.
     pub fn run(mut self) {
-        let driver = self.machine.driver().map(|d| d.info());
+        let driver = match self.watch.cuda() {
+            true => self.machine.driver().map(|d| d.info()),
+            false => Err("this guardian serves AMD GPUs: no CUDA driver loaded".to_owned()),
+        };
         self.out.report(&Report::Hello { driver });
         let mut buf = vec![0u8; proto::MAX_MESSAGE];
         let mut bye_at: Option<Instant> = None;
@@ -240,11 +258,11 @@ impl Agent {
             if !order_waiting {
                 continue;
             }
-            match proto::recv::<Order>(&self.link, &mut buf) {
-                Ok(Some(Order::Bye)) => {
+            match proto::recv_with_files::<Order>(&self.link, &mut buf) {
+                Ok(Some((Order::Bye, _))) => {
                     self.bye = true;
                     bye_at = Some(Instant::now());
-                    if self.watch != Watch::Restore
+                    if !self.watch.restore()
                         && self.phase == Phase::Working
                         && self.tracked.values().any(|t| t.touched)
                     {
@@ -252,7 +270,7 @@ impl Agent {
                         return;
                     }
                 }
-                Ok(Some(order)) => self.handle(order),
+                Ok(Some((order, files))) => self.handle(order, files),
                 // The plugin's end closed without a goodbye: CRIU is going away.
                 Ok(None) | Err(_) if !self.bye => {
                     self.drain(&mut buf);
@@ -273,9 +291,9 @@ impl Agent {
             if !self.order_pending() {
                 return;
             }
-            match proto::recv::<Order>(&self.link, &mut *buf) {
-                Ok(Some(Order::Bye)) => self.bye = true,
-                Ok(Some(order)) => self.handle(order),
+            match proto::recv_with_files::<Order>(&self.link, &mut *buf) {
+                Ok(Some((Order::Bye, _))) => self.bye = true,
+                Ok(Some((order, files))) => self.handle(order, files),
                 Ok(None) => return,
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => continue,
                 Err(_) => return,
@@ -317,19 +335,26 @@ impl Agent {
     /// Whether nothing is left for the guardian to see through.
     fn done(&self) -> bool {
         match self.phase {
-            Phase::RolledBack => self.settled.load(Ordering::SeqCst),
+            Phase::RolledBack => self.settled.load(Ordering::SeqCst) && self.kfds.is_empty(),
             Phase::Restored => true,
-            Phase::Committed => self
-                .tracked
-                .iter()
-                .all(|(pid, t)| !self.machine.alive(*pid, t.starttime)),
+            Phase::Committed => {
+                self.tracked
+                    .iter()
+                    .all(|(pid, t)| !self.machine.alive(*pid, t.starttime))
+                    && self
+                        .kfds
+                        .iter()
+                        .all(|(pid, k)| !self.machine.alive(*pid, k.starttime))
+            }
             Phase::Working => {
-                self.watch == Watch::Restore || !self.tracked.values().any(|t| t.touched)
+                self.watch.restore()
+                    || (!self.tracked.values().any(|t| t.touched) && self.kfds.is_empty())
             }
         }
     }
 
-    fn handle(&mut self, order: Order) {
+    /// Carries out one order of the plugin; `files` came with it.
+    fn handle(&mut self, order: Order, files: Vec<OwnedFd>) {
         match order {
             Order::Track {
                 pid,
@@ -437,6 +462,12 @@ impl Agent {
                     out.report(&Report::Verified { seq, result });
                 });
             }
+            Order::HoldKfd {
+                pid,
+                starttime,
+                comm,
+            } => self.hold_kfd(pid, starttime, comm, files),
+            Order::ReleaseKfd { pid } => self.release_kfd(pid),
             Order::Bye => self.bye = true,
         }
     }
