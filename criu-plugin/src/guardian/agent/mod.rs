@@ -19,8 +19,9 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use criu_gpu_image::digest::FileDigest;
 use criu_gpu_image::restorable;
-use criu_gpu_image::thp::{Raised, Thp};
+use criu_gpu_image::thp::{Raised, Thp, Want};
 use cuda_checkpoint_ctl::driver::{CudaError, DeviceMap, DriverInfo, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
 use rustix::event::{poll, PollFd, PollFlags};
@@ -360,47 +361,8 @@ impl Agent {
                 pid,
                 starttime,
                 comm,
-            } => {
-                if self.tracked.contains_key(&pid) {
-                    return;
-                }
-                let (tx, rx) = channel();
-                let w = Worker {
-                    pid,
-                    comm: comm.clone(),
-                    starttime,
-                    initial: None,
-                    machine: self.machine.clone(),
-                    out: self.out.clone(),
-                };
-                std::thread::spawn(move || w.run(rx));
-                self.tracked.insert(
-                    pid,
-                    Tracked {
-                        comm,
-                        starttime,
-                        jobs: tx,
-                        touched: false,
-                        rolled_back: false,
-                    },
-                );
-            }
-            Order::Act { seq, pid, act } => match self.tracked.get_mut(&pid) {
-                Some(t) => {
-                    t.touched |= !matches!(act, Act::Probe | Act::State);
-                    let _ = t.jobs.send(Job::Act { seq, act });
-                }
-                None => {
-                    self.out.report(&Report::Done {
-                        seq,
-                        pid,
-                        result: Err(no_driver(
-                            Op::Probe,
-                            format!("process {pid} is not tracked"),
-                        )),
-                    });
-                }
-            },
+            } => self.track(pid, starttime, comm),
+            Order::Act { seq, pid, act } => self.act(seq, pid, act),
             Order::Inventory { seq } => {
                 let machine = self.machine.clone();
                 let out = self.out.clone();
@@ -409,59 +371,17 @@ impl Agent {
                     out.report(&Report::Inventory { seq, inventory });
                 });
             }
-            Order::RollBack => {
-                self.phase = Phase::RolledBack;
-                let waiting = self.roll_back_all();
-                let n = self.tracked.len();
-                let out = self.out.clone();
-                let settled = self.settled.clone();
-                std::thread::spawn(move || {
-                    let outcomes: Vec<Outcome> = waiting.iter().take(n).collect();
-                    if !out.report(&Report::Settled {
-                        outcomes: outcomes.clone(),
-                    }) {
-                        // The plugin stopped waiting: the outcomes go to the record instead.
-                        for o in &outcomes {
-                            out.log(o.level(), o.line());
-                        }
-                    }
-                    settled.store(true, Ordering::SeqCst);
-                });
-            }
+            Order::RollBack => self.roll_back(),
             Order::Commit => self.phase = Phase::Committed,
             Order::Restoring { tree } => self.tree.extend(tree.iter().map(|(p, _)| *p)),
             Order::Expect { pids } => self.expected = pids,
             Order::Restored => self.phase = Phase::Restored,
             Order::RaiseThp { seq, want } => {
-                let result = match self.machine.thp() {
-                    None => Err("not on this machine".to_owned()),
-                    Some(thp) => {
-                        let r = thp.raise(want, std::process::id() as i32);
-                        if matches!(r, Ok(Raised::From(_))) && self.thp.is_none() {
-                            self.thp = Some(ThpHold {
-                                thp,
-                                out: self.out.clone(),
-                            });
-                        }
-                        r.map_err(|e| e.to_string())
-                    }
-                };
+                let result = self.raise_thp(want);
                 self.out.report(&Report::Thp { seq, result });
             }
             Order::LowerThp => self.thp = None,
-            Order::Verify { seq, files } => {
-                let dir = self.machine.image_dir();
-                let out = self.out.clone();
-                std::thread::spawn(move || {
-                    let result = match dir {
-                        None => Err("the guardian has no image directory".to_owned()),
-                        // A few threads: the restore reads the same files meanwhile.
-                        Some(d) => restorable::verify_later(&d, &files, VERIFY_THREADS)
-                            .map_err(|e| e.to_string()),
-                    };
-                    out.report(&Report::Verified { seq, result });
-                });
-            }
+            Order::Verify { seq, files } => self.verify(seq, files),
             Order::HoldKfd {
                 pid,
                 starttime,
@@ -470,6 +390,105 @@ impl Agent {
             Order::ReleaseKfd { pid } => self.release_kfd(pid),
             Order::Bye => self.bye = true,
         }
+    }
+
+    /// Starts a worker for process `pid`, which makes its driver calls in order.
+    fn track(&mut self, pid: i32, starttime: u64, comm: String) {
+        if self.tracked.contains_key(&pid) {
+            return;
+        }
+        let (tx, rx) = channel();
+        let w = Worker {
+            pid,
+            comm: comm.clone(),
+            starttime,
+            initial: None,
+            machine: self.machine.clone(),
+            out: self.out.clone(),
+        };
+        std::thread::spawn(move || w.run(rx));
+        self.tracked.insert(
+            pid,
+            Tracked {
+                comm,
+                starttime,
+                jobs: tx,
+                touched: false,
+                rolled_back: false,
+            },
+        );
+    }
+
+    /// Queues a driver call on process `pid`'s worker (refused for a process not tracked).
+    fn act(&mut self, seq: u64, pid: i32, act: Act) {
+        match self.tracked.get_mut(&pid) {
+            Some(t) => {
+                t.touched |= !matches!(act, Act::Probe | Act::State);
+                let _ = t.jobs.send(Job::Act { seq, act });
+            }
+            None => {
+                self.out.report(&Report::Done {
+                    seq,
+                    pid,
+                    result: Err(no_driver(
+                        Op::Probe,
+                        format!("process {pid} is not tracked"),
+                    )),
+                });
+            }
+        }
+    }
+
+    /// Rolls every process back and reports the outcomes once all are in.
+    fn roll_back(&mut self) {
+        self.phase = Phase::RolledBack;
+        let waiting = self.roll_back_all();
+        let n = self.tracked.len();
+        let out = self.out.clone();
+        let settled = self.settled.clone();
+        std::thread::spawn(move || {
+            let outcomes: Vec<Outcome> = waiting.iter().take(n).collect();
+            if !out.report(&Report::Settled {
+                outcomes: outcomes.clone(),
+            }) {
+                // The plugin stopped waiting: the outcomes go to the record instead.
+                for o in &outcomes {
+                    out.log(o.level(), o.line());
+                }
+            }
+            settled.store(true, Ordering::SeqCst);
+        });
+    }
+
+    /// Raises the node's huge page policy, held (and put back) by the guardian.
+    fn raise_thp(&mut self, want: Want) -> Result<Raised, String> {
+        let Some(thp) = self.machine.thp() else {
+            return Err("not on this machine".to_owned());
+        };
+        let r = thp.raise(want, std::process::id() as i32);
+        if matches!(r, Ok(Raised::From(_))) && self.thp.is_none() {
+            self.thp = Some(ThpHold {
+                thp,
+                out: self.out.clone(),
+            });
+        }
+        r.map_err(|e| e.to_string())
+    }
+
+    /// Checks image files against their digests on a thread of their own.
+    fn verify(&self, seq: u64, files: Vec<FileDigest>) {
+        let dir = self.machine.image_dir();
+        let out = self.out.clone();
+        std::thread::spawn(move || {
+            let result = match dir {
+                None => Err("the guardian has no image directory".to_owned()),
+                // A few threads: the restore reads the same files meanwhile.
+                Some(d) => {
+                    restorable::verify_later(&d, &files, VERIFY_THREADS).map_err(|e| e.to_string())
+                }
+            };
+            out.report(&Report::Verified { seq, result });
+        });
     }
 
     /// Queues a rollback behind whatever each process still has in flight.
