@@ -6,12 +6,11 @@
 //! restores its KFD state and buffers; UPDATE_VMA_MAP moves its device mappings;
 //! RESUME_DEVICES_LATE starts it on the GPUs, after which CRIU lets it run.
 
-use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::path::Path;
-use std::time::Instant;
+mod files;
+
+use std::os::fd::OwnedFd;
 
 use amd_kfd::device::Kfd;
-use amd_kfd::image::{self, ImageReader};
 use amd_kfd::topology::{Checks, Topology};
 use amd_kfd::vma::Remaps;
 use criu_gpu_image::amd;
@@ -61,31 +60,14 @@ impl Restore {
         };
         // `check` refuses images without a KFD to restore them on.
         let kfd = kfd.ok_or(amd::AmdCheckError::NoKfd)?;
-        for m in &matched {
-            let gpus: Vec<String> = m
-                .gpus
-                .iter()
-                .map(|(s, d)| format!("{s:#06x}->{d:#06x}"))
-                .collect();
-            tracing::info!(
-                "{}: process {} with {} GPU(s) -> {}",
-                m.image,
-                m.pid,
-                m.gpus.len(),
-                gpus.join(" ")
-            );
-        }
+        log_matches(&matched);
         tracing::info!("AMD GPUs: {}", kfd.describe());
         let local = amd::local_topology(kfd.as_ref())?;
         let checks = amd::checks(settings)?;
         let fd_base = settings
             .parsed(FD_BASE_KEY, parse_fd_base)?
             .unwrap_or(FD_BASE);
-        let guardian = spawn(Watch::KfdRestore)
-            .inspect_err(|e| {
-                tracing::warn!("{e}: if CRIU dies half-way, kill what it restored by hand")
-            })
-            .ok();
+        let guardian = watch_restore(spawn);
         Ok(Some(Restore {
             kfd,
             local,
@@ -97,74 +79,6 @@ impl Restore {
             remaps: Remaps::default(),
             render_fds: Vec::new(),
         }))
-    }
-
-    /// RESTORE_EXT_FILE, in the restored process: its KFD file, or a render node.
-    pub fn restore_file(&mut self, host: &dyn Host, id: u32) -> HookResult<RawFd> {
-        let Some(dir) = host.image_dir() else {
-            return Ok(Verdict::NotMine);
-        };
-        let kfd_image = dir.join(image::file_name(id));
-        if kfd_image.exists() {
-            return Ok(Verdict::Done(self.restore_kfd(&kfd_image)?));
-        }
-        let render = dir.join(format!("amdgpu-render-{id}.txt"));
-        match std::fs::read_to_string(&render) {
-            Ok(text) => Ok(Verdict::Done(self.open_render(&render, &text)?)),
-            Err(_) => Ok(Verdict::NotMine),
-        }
-    }
-
-    fn restore_kfd(&mut self, path: &Path) -> Result<RawFd, AmdError> {
-        let failed = |source| AmdError::Restore {
-            image: path.display().to_string(),
-            source,
-        };
-        let img = ImageReader::open(path).map_err(|e| failed(e.into()))?;
-        let start = Instant::now();
-        let kfd = self.kfd.as_ref();
-        let r = amd_kfd::restore::restore(kfd, &img, &self.local, &self.checks, self.fd_base)
-            .map_err(failed)?;
-        tracing::info!(
-            "restored KFD state of process {} ({:.2} GiB of buffers) in {:.2} s",
-            img.meta.pid,
-            r.bytes as f64 / (1u64 << 30) as f64,
-            start.elapsed().as_secs_f64()
-        );
-        self.remaps.0.extend(r.remaps.0);
-        self.render_fds.extend(r.render_fds);
-        Ok(r.fd.into_raw_fd())
-    }
-
-    fn open_render(&self, path: &Path, text: &str) -> Result<RawFd, AmdError> {
-        let minor: u32 = text.trim().parse().map_err(|_| AmdError::RenderImage {
-            path: path.to_path_buf(),
-            text: text.to_owned(),
-        })?;
-        let fd = self
-            .kfd
-            .open_render(minor, 3)
-            .map_err(|source| AmdError::RenderNode { minor, source })?;
-        Ok(fd.into_raw_fd())
-    }
-
-    /// UPDATE_VMA_MAP: the new offset of a device mapping, and the render node to map it
-    /// through (CRIU takes over the fd: it gets a duplicate).
-    pub fn update_vma_map(&self, path: &str, addr: u64, old: u64) -> HookResult<(u64, RawFd)> {
-        let Some(r) = self.remaps.lookup(path, addr, old) else {
-            return Ok(Verdict::NotMine);
-        };
-        let render = r
-            .render_fd
-            .and_then(|fd| self.render_fds.iter().find(|f| f.as_raw_fd() == fd));
-        let fd = match render {
-            Some(f) => f
-                .try_clone()
-                .map_err(|source| AmdError::Dup { addr, source })?
-                .into_raw_fd(),
-            None => -1,
-        };
-        Ok(Verdict::Done((r.new_offset, fd)))
     }
 
     /// RESUME_DEVICES_LATE: the process runs on its GPUs again. CRIU ignores this hook's
@@ -204,6 +118,34 @@ impl Restore {
             }
         }
     }
+}
+
+/// Where each image's process and GPUs go.
+fn log_matches(matched: &[amd::Matched]) {
+    for m in matched {
+        let gpus: Vec<String> = m
+            .gpus
+            .iter()
+            .map(|(s, d)| format!("{s:#06x}->{d:#06x}"))
+            .collect();
+        tracing::info!(
+            "{}: process {} with {} GPU(s) -> {}",
+            m.image,
+            m.pid,
+            m.gpus.len(),
+            gpus.join(" ")
+        );
+    }
+}
+
+/// The guardian that kills a half-restored tree if CRIU dies; a restore goes on without one
+/// (it only matters if CRIU dies), with a warning.
+fn watch_restore(spawn: &SpawnGuardian) -> Option<Guardian> {
+    spawn(Watch::KfdRestore)
+        .inspect_err(|e| {
+            tracing::warn!("{e}: if CRIU dies half-way, kill what it restored by hand")
+        })
+        .ok()
 }
 
 fn parse_fd_base(v: &str) -> Result<i32, &'static str> {

@@ -7,18 +7,16 @@
 //! `exit` restarts them when the process lives on (`--leave-running`, a failed dump) and
 //! otherwise lets CRIU end the process. If CRIU dies first, the guardian restarts them.
 
+mod save;
+
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::PathBuf;
-use std::time::Instant;
 
 use amd_kfd::device::{self, Kfd};
-use criu_gpu_image::amd;
 use cuda_checkpoint_ctl::process;
 
-use super::error::{AmdError, Who};
-use super::INVENTORY_NAME;
+use super::error::Who;
 use crate::backends::cuda::SpawnGuardian;
-use crate::core::{FinalState, HookResult, Host, Stage, Verdict};
+use crate::core::{FinalState, Host, Stage};
 use crate::guardian::proto::{Order, Watch};
 use crate::guardian::Guardian;
 
@@ -101,97 +99,6 @@ impl Dump {
             .collect()
     }
 
-    /// HANDLE_DEVICE_VMA: KFD and render-node mappings are the plugin's (their contents are
-    /// GPU buffers, saved with the KFD state).
-    pub fn claims_mapping(&self, fd: BorrowedFd<'_>) -> HookResult {
-        match self.kfd.is_kfd_file(fd) || self.kfd.render_minor(fd).is_some() {
-            true => Ok(Verdict::Done(())),
-            false => Ok(Verdict::NotMine),
-        }
-    }
-
-    /// DUMP_EXT_FILE.
-    pub fn dump_file(&mut self, host: &dyn Host, fd: BorrowedFd<'_>, id: u32) -> HookResult {
-        if self.kfd.is_kfd_file(fd) {
-            self.dump_kfd(host, fd, id)?;
-            return Ok(Verdict::Done(()));
-        }
-        if let Some(minor) = self.kfd.render_minor(fd) {
-            write_render(host, minor, id)?;
-            return Ok(Verdict::Done(()));
-        }
-        Ok(Verdict::NotMine)
-    }
-
-    /// A process's KFD file: held by the guardian, paused, saved; the queues stay paused.
-    fn dump_kfd(&mut self, host: &dyn Host, fd: BorrowedFd<'_>, id: u32) -> Result<(), AmdError> {
-        let dir = host.image_dir().ok_or(AmdError::NoImageDir)?;
-        let local = amd::local_topology(self.kfd.as_ref()).map_err(AmdError::Topology)?;
-        let who = self.owner(host, fd, id)?;
-        let file = fd.try_clone_to_owned().map_err(|source| AmdError::Keep {
-            who: who.clone(),
-            source,
-        })?;
-        self.hold(&who, fd)?;
-        let start = Instant::now();
-        let info = match amd_kfd::dump::pause(self.kfd.as_ref(), fd) {
-            Ok(info) => info,
-            Err(source) => {
-                self.link.order(&Order::ReleaseKfd { pid: who.pid });
-                return Err(AmdError::Pause { who, source });
-            }
-        };
-        tracing::info!("paused the GPU queues of {who}");
-        let saved = amd_kfd::dump::save(self.kfd.as_ref(), fd, &info, id, &dir, &local);
-        let d = match saved {
-            Ok(d) => d,
-            Err(source) => {
-                self.unpause(&who, fd);
-                return Err(AmdError::Save { who, source });
-            }
-        };
-        tracing::info!(
-            "dumped KFD state of process {}: {} GPU(s), {} buffer(s), {:.2} GiB in {:.2} s",
-            who.pid,
-            d.gpus,
-            d.bos,
-            d.bytes as f64 / (1u64 << 30) as f64,
-            start.elapsed().as_secs_f64()
-        );
-        self.paused.push(Paused { file, who });
-        if !self.required {
-            self.required = host.require_on_restore(INVENTORY_NAME);
-        }
-        Ok(())
-    }
-
-    /// The process of the tree that has `fd` open (looked for again among the whole tree if it
-    /// opened its KFD file after `init`).
-    fn owner(&mut self, host: &dyn Host, fd: BorrowedFd<'_>, id: u32) -> Result<Who, AmdError> {
-        let kfd = self.kfd.as_ref();
-        let found = |pids: &[i32]| pids.iter().copied().find(|p| device::has_open(kfd, *p, fd));
-        let pid = match found(&self.holders) {
-            Some(p) => p,
-            None => {
-                self.holders = self.holders_in(host);
-                found(&self.holders).ok_or(AmdError::Unowned { id })?
-            }
-        };
-        Ok(Who::of(pid))
-    }
-
-    /// Hands the file to the guardian, which restarts the queues if CRIU dies from now on.
-    fn hold(&mut self, who: &Who, fd: BorrowedFd<'_>) -> Result<(), AmdError> {
-        let failed = |source| AmdError::Guardian {
-            who: who.clone(),
-            source,
-        };
-        let starttime = process::starttime(who.pid).unwrap_or(0);
-        let g = self.link.get().map_err(failed)?;
-        g.hold_kfd(who.pid, starttime, who.comm.clone(), fd)
-            .map_err(failed)
-    }
-
     /// UNPAUSE from CRIU (the process's tracer); the guardian lets go of the file once it took.
     fn unpause(&mut self, who: &Who, fd: BorrowedFd<'_>) {
         match self.kfd.unpause(fd) {
@@ -229,11 +136,4 @@ impl Dump {
         self.link.order(&Order::Bye);
         self.link.guardian = None;
     }
-}
-
-/// A render node holds no state of its own here: the restore reopens the GPU's.
-fn write_render(host: &dyn Host, minor: u32, id: u32) -> Result<(), AmdError> {
-    let dir = host.image_dir().ok_or(AmdError::NoImageDir)?;
-    let path: PathBuf = dir.join(format!("amdgpu-render-{id}.txt"));
-    std::fs::write(&path, format!("{minor}\n")).map_err(|source| AmdError::Write { path, source })
 }
