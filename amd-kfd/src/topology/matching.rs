@@ -60,10 +60,11 @@ impl Checks {
         }
     }
 
-    /// Reads `KFD_CAPABILITY_CHECK`, `KFD_VRAM_SIZE_CHECK`, `KFD_NUM_GWS_CHECK`,
-    /// `KFD_CACHES_COUNT_CHECK`, `KFD_FW_VER_CHECK`, `KFD_SDMA_FW_VER_CHECK`, `KFD_NUMA_CHECK`
-    /// (values 0/1/NO/YES).
-    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Checks, String> {
+    /// The checks with the switches `get` knows of (`KFD_CAPABILITY_CHECK`,
+    /// `KFD_VRAM_SIZE_CHECK`, `KFD_NUM_GWS_CHECK`, `KFD_CACHES_COUNT_CHECK`, `KFD_FW_VER_CHECK`,
+    /// `KFD_SDMA_FW_VER_CHECK`, `KFD_NUMA_CHECK`; values 0/1/NO/YES). The plugin reads them
+    /// through its settings instead (criu_gpu_image::amd::checks).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Checks, String> {
         let mut c = Checks::default();
         for (name, slot) in c.switches() {
             if let Some(v) = get(name) {
@@ -457,7 +458,8 @@ mod tests {
         dst.nodes[1].props.fw_version -= 1;
         let e = map_gpus(&src, &dst, &Checks::default()).unwrap_err();
         assert!(e.to_string().contains("KFD_FW_VER_CHECK=0"), "{e}");
-        let relaxed = Checks::from_env(|k| (k == "KFD_FW_VER_CHECK").then(|| "NO".into())).unwrap();
+        let relaxed =
+            Checks::from_lookup(|k| (k == "KFD_FW_VER_CHECK").then(|| "NO".into())).unwrap();
         assert!(map_gpus(&src, &dst, &relaxed).is_ok());
         // More VRAM is fine, less is not.
         let mut dst = single_gpu();
@@ -474,7 +476,7 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("device_id"));
-        assert!(Checks::from_env(|_| Some("maybe".into())).is_err());
+        assert!(Checks::from_lookup(|_| Some("maybe".into())).is_err());
     }
 
     #[test]

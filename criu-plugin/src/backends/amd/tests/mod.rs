@@ -6,7 +6,7 @@
 mod dump;
 mod restore;
 
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -201,9 +201,8 @@ fn restore_claims() -> Claims {
     }
 }
 
-/// Takes ownership of an fd a hook handed over, as CRIU does.
-fn handed_over(fd: i32) -> OwnedFd {
+/// Closes an fd a hook handed over, as CRIU does once done with it.
+fn close_handed_over(fd: i32) {
     assert!(fd >= 0);
-    // SAFETY: the hook handed over a new fd, which nothing else owns.
-    unsafe { OwnedFd::from_raw_fd(fd) }
+    nix::unistd::close(fd).unwrap();
 }

@@ -37,7 +37,7 @@ fn a_restore_checks_images_up_front_then_restores_in_the_task() {
         Verdict::Done(fd) => fd,
         other => panic!("{other:?}"),
     };
-    drop(handed_over(raw));
+    close_handed_over(raw);
     assert_eq!(
         std::fs::read(w.kfd().bo_path(me, 0)).unwrap(),
         vec![0x5a; 1 << 20]
@@ -54,7 +54,7 @@ fn a_restore_checks_images_up_front_then_restores_in_the_task() {
         .update_vma_map(&w.host, "/dev/dri/renderD128", b.addr, b.offset)
         .unwrap()
     {
-        Verdict::Done((_, fd)) => drop(handed_over(fd)),
+        Verdict::Done((_, fd)) => close_handed_over(fd),
         other => panic!("{other:?}"),
     }
     assert_eq!(
