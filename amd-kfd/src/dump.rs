@@ -1,12 +1,13 @@
 //! DUMP_EXT_FILE for a KFD file: pause, checkpoint, save everything into one image. The queues
-//! stay paused when this returns successfully, so that GPU work cannot change memory while CRIU
-//! dumps the rest of the process; the caller unpauses when the dump is over (or now, if the
-//! process lives on). On any failure the queues are unpaused before returning.
+//! stay paused when [`dump`] returns successfully, so that GPU work cannot change memory while
+//! CRIU dumps the rest of the process; the caller unpauses when the dump is over (or now, if the
+//! process lives on). On any failure [`dump`] unpauses them before returning; [`pause`] and
+//! [`save`] are its two steps, for a caller that does that itself.
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
-use crate::device::{Kfd, KfdError};
+use crate::device::{Kfd, KfdError, ProcessInfo};
 use crate::image::{self, BoRecord, DeviceRecord, ImageError, ImageWriter, KfdImage};
 use crate::topology::Topology;
 use crate::uapi::{alloc, KFD_MAJOR, KFD_MIN_MINOR};
@@ -32,7 +33,8 @@ pub struct Dumped {
     pub bytes: u64,
 }
 
-/// Dumps the KFD state behind `fd` (CRIU's copy of the process's KFD file) as image `id`.
+/// Dumps the KFD state behind `fd` (CRIU's copy of the process's KFD file) as image `id`:
+/// [`pause`], then [`save`]; on failure after the pause the queues are unpaused again.
 pub fn dump(
     kfd: &dyn Kfd,
     fd: BorrowedFd<'_>,
@@ -40,17 +42,8 @@ pub fn dump(
     dir: &Path,
     local: &Topology,
 ) -> Result<Dumped, DumpError> {
-    let (major, minor) = kfd.version()?;
-    if major != KFD_MAJOR || minor < KFD_MIN_MINOR {
-        return Err(DumpError::Version(major, minor));
-    }
-    let info = kfd.process_info(fd)?;
-    let result = (|| {
-        let ck = kfd.checkpoint(fd, &info)?;
-        let written = write_image(kfd, fd, id, dir, local, &info, &ck);
-        kfd.release(&ck.bos);
-        written
-    })();
+    let info = pause(kfd, fd)?;
+    let result = save(kfd, fd, &info, id, dir, local);
     if result.is_err() {
         if let Err(e) = kfd.unpause(fd) {
             tracing::error!("could not unpause the queues after a failed dump: {e}");
@@ -59,13 +52,39 @@ pub fn dump(
     result
 }
 
+/// Checks the KFD's version and pauses the process's queues (PROCESS_INFO). Nothing is paused
+/// when this fails.
+pub fn pause(kfd: &dyn Kfd, fd: BorrowedFd<'_>) -> Result<ProcessInfo, DumpError> {
+    let (major, minor) = kfd.version()?;
+    if major != KFD_MAJOR || minor < KFD_MIN_MINOR {
+        return Err(DumpError::Version(major, minor));
+    }
+    Ok(kfd.process_info(fd)?)
+}
+
+/// Checkpoints the paused process and writes its image. The queues stay paused, also when this
+/// fails: the caller unpauses them.
+pub fn save(
+    kfd: &dyn Kfd,
+    fd: BorrowedFd<'_>,
+    info: &ProcessInfo,
+    id: u32,
+    dir: &Path,
+    local: &Topology,
+) -> Result<Dumped, DumpError> {
+    let ck = kfd.checkpoint(fd, info)?;
+    let written = write_image(kfd, fd, id, dir, local, info, &ck);
+    kfd.release(&ck.bos);
+    written
+}
+
 fn write_image(
     kfd: &dyn Kfd,
     fd: BorrowedFd<'_>,
     id: u32,
     dir: &Path,
     local: &Topology,
-    info: &crate::device::ProcessInfo,
+    info: &ProcessInfo,
     ck: &crate::device::Checkpoint,
 ) -> Result<Dumped, DumpError> {
     // The GPUs the process uses, relabelled with the gpu_ids it knows them by.

@@ -167,6 +167,44 @@ impl ImageWriter {
     }
 }
 
+/// The fixed header of the image at `p`: payload length, metadata length and checksum.
+fn read_header(file: &mut File, p: &str) -> Result<(u64, u64, u32), ImageError> {
+    let mut h = [0u8; HEADER as usize];
+    file.read_exact(&mut h).map_err(|source| ImageError::Io {
+        path: p.to_owned(),
+        source,
+    })?;
+    if h[..8] != MAGIC {
+        return Err(ImageError::BadMagic { path: p.to_owned() });
+    }
+    // Fixed offsets inside the header read above.
+    let u32_at = |o: usize| {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&h[o..o + 4]);
+        u32::from_le_bytes(b)
+    };
+    let u64_at = |o: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h[o..o + 8]);
+        u64::from_le_bytes(b)
+    };
+    let version = u32_at(8);
+    if version != VERSION {
+        return Err(ImageError::Version {
+            path: p.to_owned(),
+            found: version,
+        });
+    }
+    let (payload_len, meta_len, meta_crc) = (u64_at(16), u64_at(24), u32_at(32));
+    if meta_len > MAX_METADATA {
+        return Err(ImageError::Oversized {
+            path: p.to_owned(),
+            what: format!("{meta_len} bytes of metadata, at most {MAX_METADATA}"),
+        });
+    }
+    Ok((payload_len, meta_len, meta_crc))
+}
+
 /// An image opened for restore, its metadata checked.
 pub struct ImageReader {
     path: PathBuf,
@@ -191,27 +229,7 @@ impl ImageReader {
                 found: size,
             });
         }
-        let mut h = [0u8; HEADER as usize];
-        file.read_exact(&mut h).map_err(io)?;
-        if h[..8] != MAGIC {
-            return Err(ImageError::BadMagic { path: p });
-        }
-        let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap());
-        let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap());
-        let version = u32_at(8);
-        if version != VERSION {
-            return Err(ImageError::Version {
-                path: p,
-                found: version,
-            });
-        }
-        let (payload_len, meta_len, meta_crc) = (u64_at(16), u64_at(24), u32_at(32));
-        if meta_len > MAX_METADATA {
-            return Err(ImageError::Oversized {
-                path: p,
-                what: format!("{meta_len} bytes of metadata, at most {MAX_METADATA}"),
-            });
-        }
+        let (payload_len, meta_len, meta_crc) = read_header(&mut file, &p)?;
         let expected = HEADER
             .checked_add(payload_len)
             .and_then(|v| v.checked_add(meta_len))

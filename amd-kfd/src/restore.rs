@@ -23,6 +23,11 @@ pub enum RestoreError {
         "KFD ioctl version {0}.{1} here; the restore needs {KFD_MAJOR}.{KFD_MIN_MINOR} or later"
     )]
     Version(u32, u32),
+    #[error(
+        "GPU {0:#06x} of the image's process is not among its GPUs (a damaged image?): the \
+         checkpoint cannot be restored"
+    )]
+    Unmapped(u32),
 }
 
 /// A restored KFD file and what UPDATE_VMA_MAP needs later.
@@ -55,8 +60,12 @@ pub fn restore(
     let mut devices = Vec::new();
     let mut render_by_gpu: BTreeMap<u32, i32> = BTreeMap::new();
     for d in &meta.devices {
-        let actual = map.gpus[&d.user_gpu_id];
-        let node = local.gpu(actual).expect("mapped GPUs are local");
+        let node = map
+            .gpus
+            .get(&d.user_gpu_id)
+            .and_then(|actual| local.gpu(*actual))
+            .ok_or(RestoreError::Unmapped(d.user_gpu_id))?;
+        let actual = node.gpu_id;
         let r = kfd.open_render(node.props.drm_render_minor, min_fd)?;
         render_by_gpu.insert(d.user_gpu_id, r.as_raw_fd());
         devices.push(DeviceBucket {

@@ -77,7 +77,7 @@ pub fn check(dir: &Path, complete: bool) -> Result<NodeCheck, NodeCheckError> {
         out.cuda = Some((holds, plan));
     }
     let kfd = amd_kfd::device::detect();
-    if let Some(m) = amd::check(dir, amd_listed, kfd.as_deref())? {
+    if let Some(m) = amd::check(dir, amd_listed, kfd.as_deref(), &settings)? {
         out.amd = m;
     }
     Ok(out)

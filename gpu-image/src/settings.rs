@@ -55,6 +55,38 @@ pub const KEYS: &[(&str, &str)] = &[
         "CRIU_GPU_NCCL_CHECK",
         "0: dump NCCL ranks of one node even if their transports cannot be restored",
     ),
+    (
+        "CRIU_GPU_AMD_FD_BASE",
+        "restore of ROCm processes: the lowest fd number of the KFD and render-node files the plugin opens in a restored process, above the process's own (default 512)",
+    ),
+    (
+        "KFD_CAPABILITY_CHECK",
+        "restore of ROCm processes (CRIU's amdgpu plugin's switch): 0 lets a GPU with other capability bits take a checkpoint's",
+    ),
+    (
+        "KFD_VRAM_SIZE_CHECK",
+        "restore of ROCm processes: 0 lets a GPU with less VRAM take a checkpoint's",
+    ),
+    (
+        "KFD_NUM_GWS_CHECK",
+        "restore of ROCm processes: 0 lets a GPU with fewer global wave syncs take a checkpoint's",
+    ),
+    (
+        "KFD_CACHES_COUNT_CHECK",
+        "restore of ROCm processes: 0 lets a GPU with fewer caches take a checkpoint's",
+    ),
+    (
+        "KFD_FW_VER_CHECK",
+        "restore of ROCm processes: 0 lets a GPU with older firmware take a checkpoint's",
+    ),
+    (
+        "KFD_SDMA_FW_VER_CHECK",
+        "restore of ROCm processes: 0 lets a GPU with older SDMA firmware take a checkpoint's",
+    ),
+    (
+        "KFD_NUMA_CHECK",
+        "restore of ROCm processes: 0 lets GPUs that shared a NUMA node at the dump be placed on different ones",
+    ),
     ("CRIU_GPU_CONFIG", "the settings file"),
 ];
 
@@ -116,8 +148,9 @@ impl Settings {
                 String::new()
             }
         };
+        // The plugin's keys, and CRIU's amdgpu plugin's switches, which it honours too.
         let env: Vec<(String, String)> = std::env::vars()
-            .filter(|(k, _)| k.starts_with("CRIU_GPU_"))
+            .filter(|(k, _)| k.starts_with("CRIU_GPU_") || k.starts_with("KFD_"))
             .collect();
         let s = Settings::from_sources(&env, &file, &path);
         s.warn_unknown();

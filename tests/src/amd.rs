@@ -53,6 +53,13 @@ impl AmdSim {
         self.apps.push(pid);
     }
 
+    /// Whether the KFD has the GPU queues of `pid` paused (a dump that did not end).
+    pub fn paused(&self, pid: i32) -> bool {
+        amd_kfd::device::sim::SimKfd::new(self.root.clone())
+            .load(pid as u32)
+            .is_some_and(|p| p.paused)
+    }
+
     pub fn image_of(dir: &Path) -> Option<PathBuf> {
         std::fs::read_dir(dir)
             .ok()?

@@ -219,3 +219,54 @@ pub fn plugin_lines(dir: &Path, log_name: &str) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// Sends `sig` to `child` (a CRIU) once `pattern` shows in `log` (after `delay`) and reaps it;
+/// false if CRIU ended first.
+pub fn signal_when(
+    child: &mut std::process::Child,
+    log: &Path,
+    pattern: &str,
+    delay: std::time::Duration,
+    sig: nix::sys::signal::Signal,
+) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(30) {
+        if fs::read_to_string(log).is_ok_and(|l| l.contains(pattern)) {
+            std::thread::sleep(delay);
+            crate::signal(child.id() as i32, sig);
+            let _ = child.wait();
+            return true;
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    panic!("{pattern:?} never appeared in {}", log.display());
+}
+
+/// The guardian's record in the image directory, once it mentions `what`.
+pub fn guardian_log(images: &Path, what: &str) -> String {
+    let path = images.join("gpu-guardian.log");
+    let found = crate::wait_until(std::time::Duration::from_secs(20), || {
+        fs::read_to_string(&path).is_ok_and(|l| l.contains(what))
+    });
+    let text = fs::read_to_string(&path).unwrap_or_default();
+    assert!(found, "the guardian did not log {what:?}: {text}");
+    text
+}
+
+/// A CRIU action script in `dir` that SIGKILLs CRIU (its parent) at `action`.
+pub fn killing_script(dir: &Path, action: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(format!("kill-at-{action}.sh"));
+    fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = '{action}' ] && kill -9 $PPID\nexit 0\n"
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}

@@ -1,10 +1,15 @@
 //! The CRIU plugin's AMD path with the real CRIU and the simulated KFD: a ROCm-like process is
-//! dumped and restored (DUMP_EXT_FILE, RESTORE_EXT_FILE in the task, RESUME_DEVICES_LATE), and
-//! restores that cannot work are refused before anything starts.
+//! dumped and restored (DUMP_EXT_FILE, RESTORE_EXT_FILE in the task, RESUME_DEVICES_LATE),
+//! restores that cannot work are refused before anything starts, a CRIU killed in the middle of
+//! a dump leaves the process running on its GPUs (the guardian restarts its queues), and one
+//! killed in the middle of a restore leaves nothing half-restored behind.
+
+use std::time::Duration;
 
 use gpu_ckpt_tests::amd::AmdSim;
-use gpu_ckpt_tests::criu::{self, assert_ok, plugin_lines, Criu};
+use gpu_ckpt_tests::criu::{self, assert_ok, guardian_log, plugin_lines, signal_when, Criu};
 use gpu_ckpt_tests::*;
+use nix::sys::signal::Signal;
 
 use amd_kfd::topology::fixture;
 
@@ -57,6 +62,81 @@ fn leave_running_unpauses_the_queues() {
     let out = c.dump(&m, app.pid, &images, &["--leave-running"], &[]);
     assert_ok(&out, &images, "dump.log");
     assert!(app.advances(3), "GPU work goes on: {}", app.tail());
+    app.assert_healthy();
+}
+
+/// The process runs on after CRIU died in the middle of its dump: its GPU queues are running
+/// again (the guardian restarted them) and every buffer still holds what it must.
+fn runs_on_with_its_data(m: &AmdSim, app: &App, images: &std::path::Path) {
+    let rec = guardian_log(images, "its GPU queues are running again");
+    assert!(rec.contains("ended in the middle of a dump"), "{rec}");
+    assert!(!m.paused(app.pid), "{rec}");
+    assert!(app.advances(3), "GPU work goes on: {}", app.tail());
+    app.assert_healthy();
+}
+
+#[test]
+fn criu_killed_while_the_kfd_state_is_saved_leaves_the_app_running() {
+    let mut m = AmdSim::new(&two_gpus());
+    let c = Criu::new(&m);
+    let app = m.app("rocm", &["--mib", "64"]);
+    let images = m.dir.join("img");
+    let mut criu = c.spawn_dump(&m, app.pid, &images, &[], &[]);
+    // The queues are paused; the plugin copies 128 MiB of buffers: CRIU is SIGKILLed.
+    let log = images.join("dump.log");
+    let killed = signal_when(
+        &mut criu,
+        &log,
+        "paused the GPU queues",
+        Duration::ZERO,
+        Signal::SIGKILL,
+    );
+    assert!(
+        killed,
+        "CRIU ended before the kill: {}",
+        criu::tail(&criu::log(&images, "dump.log"), 20)
+    );
+    assert!(
+        !criu::log(&images, "dump.log").contains("dumped KFD state of process"),
+        "killed while the state was being saved"
+    );
+    runs_on_with_its_data(&m, &app, &images);
+}
+
+#[test]
+fn criu_killed_after_the_kfd_state_was_saved_leaves_the_app_running() {
+    // CRIU dies at its post-dump action: everything is dumped, the queues are still paused, the
+    // plugin's `exit` never runs.
+    let mut m = AmdSim::new(&fixture::single_gpu());
+    let c = Criu::new(&m);
+    let app = m.app("rocm", &[]);
+    let images = m.dir.join("img");
+    let script = criu::killing_script(&m.dir, "post-dump");
+    let out = c.dump(&m, app.pid, &images, &["--action-script", &script], &[]);
+    assert!(!out.status.success(), "CRIU was killed");
+    let log = plugin_lines(&images, "dump.log").join("\n");
+    assert!(log.contains("dumped KFD state of process"), "{log}");
+    runs_on_with_its_data(&m, &app, &images);
+}
+
+#[test]
+fn criu_killed_mid_restore_leaves_no_half_restored_process_and_the_images_restore() {
+    let mut m = AmdSim::new(&fixture::single_gpu());
+    let c = Criu::new(&m);
+    let app = m.app("rocm", &[]);
+    let images = m.dir.join("img");
+    assert_ok(&c.dump(&m, app.pid, &images, &[], &[]), &images, "dump.log");
+    wait_gone(app.pid);
+    // The KFD state is restored, RESUME has not come: CRIU dies.
+    let script = criu::killing_script(&m.dir, "post-restore");
+    let out = c.restore(&m, &images, &["--action-script", &script], &[]);
+    assert!(!out.status.success());
+    let rec = guardian_log(&images, "half-restored");
+    assert!(rec.contains("restore again"), "{rec}");
+    wait_gone(app.pid);
+    assert_ok(&c.restore(&m, &images, &[], &[]), &images, "restore.log");
+    m.adopt(app.pid);
+    assert!(app.advances(3), "{}", app.tail());
     app.assert_healthy();
 }
 

@@ -7,6 +7,7 @@ pub mod real;
 pub mod sim;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::Path;
 
 use crate::uapi::{BoBucket, DeviceBucket};
 
@@ -62,6 +63,8 @@ pub trait Kfd: Send + Sync {
     fn version(&self) -> Result<(u32, u32), KfdError>;
     /// Whether an fd of a dumped process (CRIU's copy) is a KFD device file.
     fn is_kfd_file(&self, fd: BorrowedFd<'_>) -> bool;
+    /// Whether a `/proc/PID/fd/N` link names a KFD device file.
+    fn is_kfd_link(&self, fd_link: &Path) -> bool;
     /// The render-node minor if the fd is a GPU render node.
     fn render_minor(&self, fd: BorrowedFd<'_>) -> Option<u32>;
 
@@ -104,6 +107,31 @@ pub trait Kfd: Send + Sync {
     ) -> Result<(), KfdError>;
     /// RESUME, from CRIU once the process's mappings exist.
     fn resume(&self, pid: u32) -> Result<(), KfdError>;
+}
+
+/// The fds of process `pid` that are KFD files.
+fn kfd_fds(kfd: &dyn Kfd, pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| kfd.is_kfd_link(&e.path()))
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether process `pid` has a KFD file open.
+pub fn holds_kfd(kfd: &dyn Kfd, pid: i32) -> bool {
+    !kfd_fds(kfd, pid).is_empty()
+}
+
+/// Whether process `pid` has `file` open, a KFD file (CRIU's copy of it, in CRIU). Where the
+/// kernel cannot compare files (no kcmp), any KFD file of `pid` counts.
+pub fn has_open(kfd: &dyn Kfd, pid: i32, file: BorrowedFd<'_>) -> bool {
+    kfd_fds(kfd, pid)
+        .into_iter()
+        .any(|n| real::same_file(file, pid, n).unwrap_or(true))
 }
 
 /// The KFD of this machine: the simulation when `AMD_KFD_SIM_ROOT` names one, else the

@@ -1,6 +1,10 @@
 //! The kernel's KFD: `AMDKFD_IOC_CRIU_OP` on `/dev/kfd`, buffer contents through the dma-buf
 //! fds the kernel exports for them (CPU mappings of the dma-buf, bracketed by
-//! `DMA_BUF_IOCTL_SYNC`). This module holds the crate's ioctl and mmap `unsafe`.
+//! `DMA_BUF_IOCTL_SYNC`). This module holds the crate's ioctl, mmap and kcmp `unsafe`.
+//!
+//! The kernel takes `AMDKFD_IOC_CRIU_OP` on a process's KFD file from that process, or from the
+//! thread that ptrace-traces its leader (CRIU, which seized it), with CAP_CHECKPOINT_RESTORE or
+//! CAP_SYS_ADMIN.
 //!
 //! Not run on hardware: no AMD GPU is available to this project. The ioctl layouts are checked
 //! against the kernel header; the sequence is the one the simulated KFD enforces.
@@ -159,6 +163,29 @@ impl Drop for Mapped {
     }
 }
 
+/// Whether `ours` and fd `theirs` of process `pid` are one open file (`kcmp(KCMP_FILE)`):
+/// `None` where the kernel cannot say (no kcmp).
+pub fn same_file(ours: BorrowedFd<'_>, pid: i32, theirs: i32) -> Option<bool> {
+    const KCMP_FILE: libc::c_int = 0;
+    // SAFETY: kcmp only compares kernel objects named by plain integers; it touches no memory.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            std::process::id() as libc::pid_t,
+            pid as libc::pid_t,
+            KCMP_FILE,
+            ours.as_raw_fd() as libc::c_ulong,
+            theirs as libc::c_ulong,
+        )
+    };
+    match r {
+        0 => Some(true),
+        r if r > 0 => Some(false),
+        _ if matches!(errno(), libc::ENOSYS | libc::EPERM | libc::EACCES) => None,
+        _ => Some(false),
+    }
+}
+
 impl RealKfd {
     /// `None` when this machine has no KFD.
     pub fn open() -> Option<RealKfd> {
@@ -217,6 +244,11 @@ impl Kfd for RealKfd {
     fn is_kfd_file(&self, fd: BorrowedFd<'_>) -> bool {
         rustix::fs::fstat(fd)
             .is_ok_and(|st| st.st_rdev == self.rdev && (st.st_mode & libc::S_IFMT) == libc::S_IFCHR)
+    }
+
+    fn is_kfd_link(&self, fd_link: &std::path::Path) -> bool {
+        std::fs::metadata(fd_link)
+            .is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == self.rdev)
     }
 
     fn render_minor(&self, fd: BorrowedFd<'_>) -> Option<u32> {

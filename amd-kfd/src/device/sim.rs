@@ -11,11 +11,13 @@
 //!                           such a mapping as a file mapping and leaves the contents to the plugin
 //! ```
 //!
-//! It enforces the kernel's rules: PROCESS_INFO pauses the queues and CHECKPOINT requires that,
-//! with counts that match; UNPAUSE only when paused; RESTORE only from the restored process
-//! itself, onto as many GPUs as it sees, present in the topology; RESUME only from outside,
-//! after RESTORE, once the process has its buffers mapped again. The application's GPU work
-//! waits while its queues are paused or RESUME is pending.
+//! It enforces the kernel's rules: PROCESS_INFO, CHECKPOINT and UNPAUSE only from the process
+//! that opened the file or from the thread that ptrace-traces it (CRIU, having seized it);
+//! PROCESS_INFO pauses the queues and CHECKPOINT requires that, with counts that match; UNPAUSE
+//! only when paused; RESTORE only from the restored process itself, onto as many GPUs as it
+//! sees, present in the topology; RESUME only from outside, after RESTORE, once the process has
+//! its buffers mapped again. The application's GPU work waits while its queues are paused or
+//! RESUME is pending.
 
 use std::fs;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -115,7 +117,12 @@ impl SimKfd {
 
     /// The owner of a simulated KFD file, from its path (`ROOT/proc/PID/kfd`).
     fn owner(&self, fd: BorrowedFd<'_>) -> Option<u32> {
-        let link = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+        self.owner_of(Path::new(&format!("/proc/self/fd/{}", fd.as_raw_fd())))
+    }
+
+    /// The owner of the simulated KFD file a `/proc/PID/fd/N` link points to.
+    fn owner_of(&self, fd_link: &Path) -> Option<u32> {
+        let link = fs::read_link(fd_link).ok()?;
         let rest = link.strip_prefix(self.root.join("proc")).ok()?;
         let mut parts = rest.iter();
         let pid = parts.next()?.to_str()?.parse().ok()?;
@@ -128,6 +135,25 @@ impl SimKfd {
             .ok_or_else(|| err(op, libc::EBADF, "not a simulated KFD file"))?;
         self.load(pid)
             .ok_or_else(|| err(op, libc::ENODEV, format!("process {pid} has no KFD state")))
+    }
+
+    /// [`SimKfd::live`] for a CRIU operation, with the kernel's rule for its caller
+    /// (`kfd_ioctl`): the process that opened the file, or the thread that traces its leader.
+    fn criu_op(&self, op: &'static str, fd: BorrowedFd<'_>) -> Result<SimProcess, KfdError> {
+        let p = self.live(op, fd)?;
+        let caller = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+        if p.pid == std::process::id() || tracer(p.pid) == Some(caller) {
+            return Ok(p);
+        }
+        Err(err(
+            op,
+            libc::EBADF,
+            format!(
+                "process {}'s KFD file used by thread {caller}, which neither belongs to it nor \
+                 traces it",
+                p.pid
+            ),
+        ))
     }
 
     fn save(&self, op: &'static str, p: &SimProcess) -> Result<(), KfdError> {
@@ -159,13 +185,13 @@ impl SimKfd {
             .into())
     }
 
-    fn priv_data(p: &SimProcess) -> Vec<u8> {
+    fn priv_data(op: &'static str, p: &SimProcess) -> Result<Vec<u8>, KfdError> {
         serde_json::to_vec(&PrivData {
             version: 1,
             bos: p.bos.clone(),
             queues: p.queues.clone(),
         })
-        .expect("serialisable")
+        .map_err(|e| err(op, libc::EIO, e.to_string()))
     }
 
     fn find_bo<'a>(
@@ -179,6 +205,18 @@ impl SimKfd {
             .find(|x| x.addr == b.addr && x.size == b.size)
             .ok_or_else(|| err(op, libc::EINVAL, format!("no buffer at {:#x}", b.addr)))
     }
+}
+
+/// The thread that traces `pid` (`TracerPid`: a thread id), if any.
+fn tracer(pid: u32) -> Option<u32> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|t| *t != 0)
 }
 
 fn fake_offset(handle: u32) -> u64 {
@@ -202,12 +240,16 @@ impl Kfd for SimKfd {
         self.owner(fd).is_some()
     }
 
+    fn is_kfd_link(&self, fd_link: &Path) -> bool {
+        self.owner_of(fd_link).is_some()
+    }
+
     fn render_minor(&self, _fd: BorrowedFd<'_>) -> Option<u32> {
         None
     }
 
     fn process_info(&self, fd: BorrowedFd<'_>) -> Result<ProcessInfo, KfdError> {
-        let mut p = self.live("PROCESS_INFO", fd)?;
+        let mut p = self.criu_op("PROCESS_INFO", fd)?;
         if p.gpus.is_empty() {
             return Err(err("PROCESS_INFO", libc::ENODEV, "the process uses no GPU"));
         }
@@ -225,12 +267,12 @@ impl Kfd for SimKfd {
             num_devices: p.gpus.len() as u32,
             num_bos: p.bos.len() as u32,
             num_objects: 1,
-            priv_data_size: Self::priv_data(&p).len() as u64,
+            priv_data_size: Self::priv_data("PROCESS_INFO", &p)?.len() as u64,
         })
     }
 
     fn checkpoint(&self, fd: BorrowedFd<'_>, info: &ProcessInfo) -> Result<Checkpoint, KfdError> {
-        let p = self.live("CHECKPOINT", fd)?;
+        let p = self.criu_op("CHECKPOINT", fd)?;
         if !p.paused {
             return Err(err(
                 "CHECKPOINT",
@@ -238,7 +280,7 @@ impl Kfd for SimKfd {
                 "queues not paused: PROCESS_INFO first",
             ));
         }
-        let priv_data = Self::priv_data(&p);
+        let priv_data = Self::priv_data("CHECKPOINT", &p)?;
         if info.num_devices as usize != p.gpus.len()
             || info.num_bos as usize != p.bos.len()
             || info.num_objects != 1
@@ -294,7 +336,7 @@ impl Kfd for SimKfd {
     fn release(&self, _bos: &[BoBucket]) {}
 
     fn unpause(&self, fd: BorrowedFd<'_>) -> Result<(), KfdError> {
-        let mut p = self.live("UNPAUSE", fd)?;
+        let mut p = self.criu_op("UNPAUSE", fd)?;
         if !p.paused {
             return Err(err("UNPAUSE", libc::EINVAL, "queues are not paused"));
         }

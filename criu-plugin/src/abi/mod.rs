@@ -135,7 +135,7 @@ fn fork_guardian(watch: Watch) -> Result<Guardian, GuardianError> {
     let dir = criu::image_dir_fd()
         .and_then(|fd| std::fs::File::open(format!("/proc/self/fd/{fd}")).ok())
         .map(std::os::fd::OwnedFd::from);
-    let dump_root = (watch == Watch::Dump).then(criu::dump_root_pid).flatten();
+    let dump_root = (!watch.restore()).then(criu::dump_root_pid).flatten();
     Guardian::fork(watch, dir, criu::run_id(), dump_root)
 }
 

@@ -6,8 +6,11 @@ pub mod cuda;
 
 use crate::core::Backend;
 
-/// Every backend, in the order CRIU's calls are offered to them; the CUDA one makes its driver
-/// calls through guardians started by `spawn`.
+/// Every backend, in the order CRIU's calls are offered to them; each starts the guardians it
+/// needs with `spawn` (the CUDA one makes its driver calls through them).
 pub fn all(spawn: cuda::SpawnGuardian) -> Vec<Box<dyn Backend>> {
-    vec![Box::new(cuda::Cuda::new(spawn)), Box::new(amd::Amd::new())]
+    vec![
+        Box::new(cuda::Cuda::new(spawn.clone())),
+        Box::new(amd::Amd::new(spawn)),
+    ]
 }

@@ -1,9 +1,9 @@
 //! The machine as the guardian process sees it: NVIDIA's driver and NVML (loaded in the
-//! guardian, never in CRIU), processes through /proc, and the record it leaves when it acts
-//! alone (syslog and `gpu-guardian.log` in the image directory).
+//! guardian, never in CRIU), AMD's KFD, processes through /proc, and the record it leaves when
+//! it acts alone (syslog and `gpu-guardian.log` in the image directory).
 
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use cuda_checkpoint_ctl::driver::{CudaError, DeviceMap, Driver, DriverInfo, Proc
 use cuda_checkpoint_ctl::inventory::Inventory;
 use cuda_checkpoint_ctl::process;
 
-use super::agent::{GpuDriver, Machine};
+use super::agent::{GpuDriver, Machine, Unpaused};
 use super::lineage::Lineage;
 use super::proto::Level;
 
@@ -20,6 +20,8 @@ pub const LOG_FILE: &str = "gpu-guardian.log";
 
 pub struct Real {
     driver: OnceLock<Result<Driver, String>>,
+    /// AMD's KFD (the simulated one in test builds, where `AMD_KFD_SIM_ROOT` names it).
+    kfd: OnceLock<Option<Box<dyn amd_kfd::device::Kfd>>>,
     image_dir: Option<OwnedFd>,
     /// Restore: what the watched CRIU creates.
     lineage: Option<Lineage>,
@@ -38,6 +40,7 @@ impl Real {
     ) -> Real {
         Real {
             driver: OnceLock::new(),
+            kfd: OnceLock::new(),
             image_dir,
             lineage,
             run_id,
@@ -167,6 +170,13 @@ impl Machine for Real {
     fn kill_created(&self, pid: i32) {
         if let Some(l) = &self.lineage {
             l.kill(pid);
+        }
+    }
+
+    fn unpause_kfd(&self, pid: i32, file: BorrowedFd<'_>) -> Result<Unpaused, String> {
+        match self.kfd.get_or_init(amd_kfd::device::detect) {
+            Some(kfd) => super::kfd::unpause(kfd.as_ref(), pid, file),
+            None => Err("this machine has no KFD (/dev/kfd)".to_owned()),
         }
     }
 

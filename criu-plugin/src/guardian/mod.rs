@@ -8,18 +8,26 @@
 //! a call made from CRIU could land after CRIU's death with nobody left to undo it. Keeping
 //! libcuda and NVML out of CRIU's process also means no CUDA state is ever created in CRIU.
 //!
+//! For ROCm processes it holds what undoes a dump's pause of their GPU queues ([`kfd`]).
+//!
 //! This module is the plugin's end: a [`Guardian`] sends orders and waits for reports, on CRIU's
-//! thread, with a deadline; log lines the guardian sends are written into CRIU's log there.
+//! thread, with a deadline; each request returns a typed [`Ticket`] for its reply. Log lines the
+//! guardian sends are written into CRIU's log there.
+
+// Every function here reads as named steps (clippy.toml: at most 80 lines).
+#![warn(clippy::too_many_lines)]
 
 pub mod agent;
+mod kfd;
 pub mod lineage;
 pub mod machine;
 pub mod proto;
 mod repair;
 mod sys;
+mod ticket;
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use criu_gpu_image::digest::FileDigest;
@@ -28,7 +36,9 @@ use cuda_checkpoint_ctl::driver::DriverInfo;
 use cuda_checkpoint_ctl::inventory::Inventory;
 use rustix::event::{poll, PollFd, PollFlags};
 
-use self::proto::{Act, Answer, DriverFailure, Level, Order, Outcome, Report, Watch};
+use self::proto::{Act, Answer, Level, Order, Outcome, Report, Watch};
+use self::ticket::Slot;
+pub use self::ticket::{Kind, Reply, Ticket, Verified};
 
 /// How long the guardian may take to load the driver and say so.
 const HELLO: Duration = Duration::from_secs(30);
@@ -53,10 +63,9 @@ pub struct Guardian {
     /// The guardian's greeting: the driver it loaded (it loads while CRIU goes on).
     driver: Option<Result<DriverInfo, String>>,
     next: u64,
-    replies: BTreeMap<u64, Result<Answer, DriverFailure>>,
-    inventories: BTreeMap<u64, Result<Inventory, String>>,
-    thp: BTreeMap<u64, Result<Raised, String>>,
-    verified: BTreeMap<u64, Result<(), String>>,
+    /// Every request's reply, by the sequence number of its [`Ticket`]: waited for (of the
+    /// ticket's kind), or come.
+    replies: BTreeMap<u64, Slot>,
     settled: Option<Vec<Outcome>>,
     buf: Vec<u8>,
 }
@@ -75,8 +84,8 @@ impl Guardian {
         dump_root: Option<i32>,
     ) -> Result<Guardian, GuardianError> {
         // A restore's forks are followed from before the first one (the guardian's own).
-        let events = match watch {
-            Watch::Restore => lineage::subscribe()
+        let events = match watch.restore() {
+            true => lineage::subscribe()
                 .inspect_err(|e| {
                     tracing::debug!(
                         "no process events from the kernel ({e}): the restored processes are \
@@ -84,7 +93,7 @@ impl Guardian {
                     )
                 })
                 .ok(),
-            Watch::Dump => None,
+            false => None,
         };
         let keep: Vec<RawFd> = image_dir
             .iter()
@@ -92,8 +101,9 @@ impl Guardian {
             .map(|d| d.as_raw_fd())
             .collect();
         let (link, pid) = sys::spawn(&keep, move |link, criu, criu_pid| {
-            let lineage =
-                (watch == Watch::Restore).then(|| lineage::Lineage::follow(events, criu_pid));
+            let lineage = watch
+                .restore()
+                .then(|| lineage::Lineage::follow(events, criu_pid));
             let machine = machine::Real::new(image_dir, lineage, run_id).dumping(dump_root);
             let machine = std::sync::Arc::new(machine);
             if let Ok(agent) = agent::Agent::new(watch, machine, link, criu, criu_pid) {
@@ -113,9 +123,6 @@ impl Guardian {
             driver: None,
             next: 1,
             replies: BTreeMap::new(),
-            inventories: BTreeMap::new(),
-            thp: BTreeMap::new(),
-            verified: BTreeMap::new(),
             settled: None,
             buf: vec![0u8; proto::MAX_MESSAGE],
         }
@@ -155,51 +162,75 @@ impl Guardian {
         }
     }
 
+    /// Sends `order` (made with the new sequence number) and waits for a reply of kind `T`.
+    fn request<T: Kind>(
+        &mut self,
+        order: impl FnOnce(u64) -> Order,
+    ) -> Result<Ticket<T>, GuardianError> {
+        let seq = self.next;
+        self.next += 1;
+        self.order(&order(seq))?;
+        self.replies.insert(seq, Slot::waiting::<T>());
+        Ok(Ticket::new(seq))
+    }
+
     /// Sends a driver call; its answer is taken with [`Guardian::take`] once it came.
-    pub fn act(&mut self, pid: i32, act: Act) -> Result<u64, GuardianError> {
-        let seq = self.next;
-        self.next += 1;
-        self.order(&Order::Act { seq, pid, act })?;
-        Ok(seq)
+    pub fn act(&mut self, pid: i32, act: Act) -> Result<Ticket<Answer>, GuardianError> {
+        self.request(|seq| Order::Act { seq, pid, act })
     }
 
-    pub fn ask_inventory(&mut self) -> Result<u64, GuardianError> {
-        let seq = self.next;
-        self.next += 1;
-        self.order(&Order::Inventory { seq })?;
-        Ok(seq)
-    }
-
-    pub fn take(&mut self, seq: u64) -> Option<Result<Answer, DriverFailure>> {
-        self.replies.remove(&seq)
-    }
-
-    pub fn take_inventory(&mut self, seq: u64) -> Option<Result<Inventory, String>> {
-        self.inventories.remove(&seq)
+    /// Asks for NVML's view of the machine.
+    pub fn ask_inventory(&mut self) -> Result<Ticket<Inventory>, GuardianError> {
+        self.request(|seq| Order::Inventory { seq })
     }
 
     /// Asks the guardian to raise the node's huge page policy (see [`criu_gpu_image::thp`]).
-    pub fn raise_thp(&mut self, want: Want) -> Result<u64, GuardianError> {
-        let seq = self.next;
-        self.next += 1;
-        self.order(&Order::RaiseThp { seq, want })?;
-        Ok(seq)
-    }
-
-    pub fn take_thp(&mut self, seq: u64) -> Option<Result<Raised, String>> {
-        self.thp.remove(&seq)
+    pub fn raise_thp(&mut self, want: Want) -> Result<Ticket<Raised>, GuardianError> {
+        self.request(|seq| Order::RaiseThp { seq, want })
     }
 
     /// Has the guardian check image files against their digests while CRIU goes on.
-    pub fn verify(&mut self, files: Vec<FileDigest>) -> Result<u64, GuardianError> {
-        let seq = self.next;
-        self.next += 1;
-        self.order(&Order::Verify { seq, files })?;
-        Ok(seq)
+    pub fn verify(&mut self, files: Vec<FileDigest>) -> Result<Ticket<Verified>, GuardianError> {
+        self.request(|seq| Order::Verify { seq, files })
     }
 
-    pub fn take_verified(&mut self, seq: u64) -> Option<Result<(), String>> {
-        self.verified.remove(&seq)
+    /// The reply to `ticket`, once it came (then it is gone from here).
+    pub fn take<T: Kind>(&mut self, ticket: Ticket<T>) -> Option<T::Result> {
+        if !self.has(ticket) {
+            return None;
+        }
+        match self.replies.remove(&ticket.seq()) {
+            Some(Slot::Came(reply)) => T::open(reply),
+            _ => None,
+        }
+    }
+
+    /// Whether the reply to `ticket` came.
+    pub fn has<T: Kind>(&self, ticket: Ticket<T>) -> bool {
+        matches!(self.replies.get(&ticket.seq()), Some(Slot::Came(r)) if T::is(r))
+    }
+
+    /// Hands the guardian a KFD file of process `pid` before its GPU queues are paused through
+    /// it: if CRIU ends before [`Order::ReleaseKfd`], the guardian restarts them (see
+    /// [`agent`]). The guardian holds the file from the moment this returns, also if CRIU dies
+    /// right after.
+    pub fn hold_kfd(
+        &mut self,
+        pid: i32,
+        starttime: u64,
+        comm: String,
+        file: BorrowedFd<'_>,
+    ) -> Result<(), GuardianError> {
+        let order = Order::HoldKfd {
+            pid,
+            starttime,
+            comm,
+        };
+        if proto::send_with_fd(&self.link, &order, file) {
+            Ok(())
+        } else {
+            Err(GuardianError::Gone(self.pid))
+        }
     }
 
     pub fn has_settled(&self) -> bool {
@@ -208,13 +239,6 @@ impl Guardian {
 
     pub fn take_settled(&mut self) -> Option<Vec<Outcome>> {
         self.settled.take()
-    }
-
-    pub fn has(&self, seq: u64) -> bool {
-        self.replies.contains_key(&seq)
-            || self.inventories.contains_key(&seq)
-            || self.thp.contains_key(&seq)
-            || self.verified.contains_key(&seq)
     }
 
     /// Takes reports until `ready` holds or `deadline` passes (then `Ok(false)`); `tick` runs
@@ -238,14 +262,14 @@ impl Guardian {
         }
     }
 
-    /// Waits for every `seqs` answer (see [`Guardian::wait_until`]).
-    pub fn wait_all(
+    /// Waits for the replies to every one of `tickets` (see [`Guardian::wait_until`]).
+    pub fn wait_all<T: Kind>(
         &mut self,
-        seqs: &[u64],
+        tickets: &[Ticket<T>],
         deadline: Instant,
         tick: &mut dyn FnMut(),
     ) -> Result<bool, GuardianError> {
-        self.wait_until(deadline, tick, &|g| seqs.iter().all(|s| g.has(*s)))
+        self.wait_until(deadline, tick, &|g| tickets.iter().all(|t| g.has(*t)))
     }
 
     /// Reads one report if one comes within `within`, filing it; logs go to CRIU's log now.
@@ -265,23 +289,28 @@ impl Guardian {
             Ok(None) | Err(_) => return Err(GuardianError::Gone(self.pid)),
         };
         match &report {
-            Report::Done { seq, result, .. } => {
-                self.replies.insert(*seq, result.clone());
-            }
+            Report::Done { seq, result, .. } => self.file(*seq, Reply::Answer(result.clone())),
             Report::Inventory { seq, inventory } => {
-                self.inventories.insert(*seq, inventory.clone());
+                self.file(*seq, Reply::Inventory(inventory.clone()))
             }
+            Report::Thp { seq, result } => self.file(*seq, Reply::Thp(result.clone())),
+            Report::Verified { seq, result } => self.file(*seq, Reply::Verified(result.clone())),
             Report::Settled { outcomes } => self.settled = Some(outcomes.clone()),
             Report::Log { level, text } => log(*level, text),
             Report::Hello { driver } => self.driver = Some(driver.clone()),
-            Report::Thp { seq, result } => {
-                self.thp.insert(*seq, result.clone());
-            }
-            Report::Verified { seq, result } => {
-                self.verified.insert(*seq, result.clone());
-            }
         }
         Ok(Some(report))
+    }
+
+    /// Files a reply under its ticket, if a ticket of that kind waits for it: a reply of
+    /// another kind (a confused guardian) is never taken for the one waited for.
+    fn file(&mut self, seq: u64, reply: Reply) {
+        match self.replies.get_mut(&seq) {
+            Some(slot) if slot.waits_for(&reply) => *slot = Slot::Came(reply),
+            _ => tracing::debug!(
+                "the guardian answered request {seq}, which did not ask for {reply:?}; ignored"
+            ),
+        }
     }
 }
 

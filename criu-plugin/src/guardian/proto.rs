@@ -1,7 +1,10 @@
 //! What the plugin (inside CRIU) and its guardian process say to each other: one JSON message per
-//! datagram of a SOCK_SEQPACKET socketpair.
+//! datagram of a SOCK_SEQPACKET socketpair; an order about a file carries the file with it
+//! (SCM_RIGHTS).
 
-use std::os::fd::AsFd;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use criu_gpu_image::digest::FileDigest;
 use criu_gpu_image::thp::{Raised, Want};
@@ -12,13 +15,31 @@ use serde::{Deserialize, Serialize};
 /// The largest message either side sends (an inventory of many GPUs is a few KiB).
 pub const MAX_MESSAGE: usize = 1 << 20;
 
-/// Which CRIU command a guardian watches: what it undoes if CRIU dies half-way.
+/// Which CRIU command a guardian watches, and for which backend: what it undoes if CRIU dies
+/// half-way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Watch {
-    /// A dump (or pre-dump): processes go back to their state before the dump.
+    /// A dump (or pre-dump) of CUDA processes: they go back to their state before the dump.
     Dump,
-    /// A restore: a half-restored tree is killed.
+    /// A restore of CUDA processes: a half-restored tree is killed.
     Restore,
+    /// A dump of ROCm processes: the KFD files the plugin hands over ([`Order::HoldKfd`]) get
+    /// their GPU queues restarted. No CUDA driver is loaded.
+    KfdDump,
+    /// A restore of ROCm processes: a half-restored tree is killed. No CUDA driver is loaded.
+    KfdRestore,
+}
+
+impl Watch {
+    /// A restore (else a dump).
+    pub fn restore(self) -> bool {
+        matches!(self, Watch::Restore | Watch::KfdRestore)
+    }
+
+    /// The guardian loads the CUDA driver (its greeting names it).
+    pub fn cuda(self) -> bool {
+        matches!(self, Watch::Dump | Watch::Restore)
+    }
 }
 
 /// The plugin to the guardian.
@@ -69,6 +90,17 @@ pub enum Order {
     Verify {
         seq: u64,
         files: Vec<FileDigest>,
+    },
+    /// AMD: process `pid`'s KFD file (it comes with the message), whose GPU queues the plugin
+    /// is about to pause. If CRIU ends before [`Order::ReleaseKfd`], the guardian restarts them.
+    HoldKfd {
+        pid: i32,
+        starttime: u64,
+        comm: String,
+    },
+    /// AMD: the plugin restarted the queues of `pid` itself: the guardian lets go of its file.
+    ReleaseKfd {
+        pid: i32,
     },
     /// The plugin's `exit` is done: the guardian ends once nothing is left for it to watch.
     Bye,
@@ -215,6 +247,70 @@ pub fn send<T: Serialize>(fd: impl AsFd, msg: &T) -> bool {
             Err(rustix::io::Errno::INTR) => continue,
             Err(_) => return false,
         }
+    }
+}
+
+/// Sends one message with a file; `false` if the peer is gone. The peer holds the file from the
+/// moment this returns: a message queued on its end is read also after this process died.
+pub fn send_with_fd<T: Serialize>(fd: impl AsFd, msg: &T, file: BorrowedFd<'_>) -> bool {
+    let Ok(bytes) = serde_json::to_vec(msg) else {
+        return false;
+    };
+    let files = [file];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+    if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&files)) {
+        return false;
+    }
+    loop {
+        match rustix::net::sendmsg(
+            &fd,
+            &[IoSlice::new(&bytes)],
+            &mut control,
+            rustix::net::SendFlags::NOSIGNAL,
+        ) {
+            Ok(_) => return true,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// The most files one message carries.
+const MAX_FILES: usize = 4;
+
+/// Receives one message and the files that came with it: `Ok(None)` when the peer closed its
+/// end. Files are taken whatever the message (a plain `recv` would close them).
+pub fn recv_with_files<T: for<'de> Deserialize<'de>>(
+    fd: impl AsFd,
+    buf: &mut [u8],
+) -> std::io::Result<Option<(T, Vec<OwnedFd>)>> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FILES))];
+    loop {
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let got = rustix::net::recvmsg(
+            &fd,
+            &mut [IoSliceMut::new(&mut *buf)],
+            &mut control,
+            rustix::net::RecvFlags::CMSG_CLOEXEC,
+        );
+        let n = match got {
+            Ok(r) => r.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let mut files = Vec::new();
+        for m in control.drain() {
+            if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = m {
+                files.extend(fds);
+            }
+        }
+        if n == 0 && files.is_empty() {
+            return Ok(None);
+        }
+        return serde_json::from_slice(&buf[..n.min(buf.len())])
+            .map(|m| Some((m, files)))
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e));
     }
 }
 

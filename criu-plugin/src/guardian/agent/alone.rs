@@ -10,82 +10,100 @@ use super::{Agent, Phase, MAX_ALONE};
 /// How long the tasks of a successful dump may take to start dying once CRIU is gone, before
 /// the guardian takes them for resumed (a failed post-dump script).
 const COMMIT_GRACE: Duration = Duration::from_secs(2);
-use crate::guardian::proto::{Level, Outcome, Returned, Watch};
+use crate::guardian::proto::{Level, Outcome, Returned};
 
 impl Agent {
     /// CRIU ended before the plugin had settled everything.
     pub(super) fn criu_gone(&mut self) {
         self.out.close();
-        let criu = self.criu_pid;
-        match (self.watch, self.phase) {
-            // The plugin's `exit` ran: CRIU failed the restore itself and killed what it made.
-            (Watch::Restore, _) if self.bye => {}
-            (Watch::Restore, Phase::Working) => {
-                // What this CRIU created, and of that what the images name: never a process of
-                // another restore that took the same pids.
-                let alive: Vec<(i32, u64)> = self
-                    .machine
-                    .created()
-                    .into_iter()
-                    .filter(|(pid, ns)| {
-                        self.expected.is_empty()
-                            || self.expected.contains(ns)
-                            || self.tree.contains(pid)
-                    })
-                    .map(|(pid, _)| (pid, 0))
-                    .collect();
-                if alive.is_empty() {
-                    self.leave_retryable();
-                    return;
-                }
-                self.out.log(
-                    Level::Error,
-                    format!(
-                        "CRIU (pid {criu}) ended in the middle of a restore, before the GPU state \
-                         was back: killing the half-restored processes it created, {}; the \
-                         images are unchanged: restore again",
-                        pids(&alive)
-                    ),
-                );
-                for (pid, _) in alive.iter().rev() {
-                    self.machine.kill_created(*pid);
-                }
-                self.leave_retryable();
-            }
-            (Watch::Restore, _) => {}
-            (_, Phase::RolledBack) if self.settled.load(Ordering::SeqCst) => {}
-            (_, Phase::RolledBack) => {
+        if self.watch.restore() {
+            self.restore_gone();
+            return;
+        }
+        match self.phase {
+            Phase::RolledBack if self.settled.load(Ordering::SeqCst) => {}
+            Phase::RolledBack => {
                 // The rollback the plugin asked for is already queued: see it through.
                 self.finish_alone("after the dump failed or the tasks were to keep running");
             }
-            (_, Phase::Committed) => {
+            Phase::Committed => {
                 // CRIU's SIGKILLs may not have been acted on yet: a moment's grace.
-                let grace = Instant::now() + COMMIT_GRACE;
-                let alive = loop {
-                    let alive: Vec<i32> = self
-                        .tracked
-                        .iter()
-                        .filter(|(p, t)| self.machine.alive(**p, t.starttime))
-                        .map(|(p, _)| *p)
-                        .collect();
-                    if alive.is_empty() || Instant::now() > grace {
-                        break alive;
+                let when = "after a dump CRIU called successful, the dumped processes were left \
+                            running (a failed post-dump script makes CRIU resume them)";
+                if self.left_alive_after_commit() {
+                    if self.cuda_alive() {
+                        self.finish_alone(when);
                     }
-                    std::thread::sleep(Duration::from_millis(20));
-                };
-                if !alive.is_empty() {
-                    self.finish_alone(
-                        "after a dump CRIU called successful, the dumped processes were left \
-                         running (a failed post-dump script makes CRIU resume them)",
-                    );
+                    self.unpause_kfds(when);
                 }
             }
             _ => {
                 if self.tracked.values().any(|t| t.touched) {
                     self.finish_alone("in the middle of a dump");
                 }
+                self.unpause_kfds("in the middle of a dump");
             }
         }
+    }
+
+    /// Whether a dumped process is still alive once CRIU, which was to kill them all after a
+    /// successful dump, is gone (waiting a moment for its SIGKILLs to land).
+    fn left_alive_after_commit(&self) -> bool {
+        let grace = Instant::now() + COMMIT_GRACE;
+        loop {
+            let alive = self.cuda_alive()
+                || self
+                    .kfds
+                    .iter()
+                    .any(|(p, k)| self.machine.alive(*p, k.starttime));
+            if !alive || Instant::now() > grace {
+                return alive;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn cuda_alive(&self) -> bool {
+        self.tracked
+            .iter()
+            .any(|(p, t)| self.machine.alive(*p, t.starttime))
+    }
+
+    /// A restore's CRIU ended.
+    fn restore_gone(&mut self) {
+        let criu = self.criu_pid;
+        // The plugin's `exit` ran: CRIU failed the restore itself and killed what it made.
+        if self.bye || self.phase != Phase::Working {
+            return;
+        }
+        // What this CRIU created, and of that what the images name: never a process of
+        // another restore that took the same pids.
+        let alive: Vec<(i32, u64)> = self
+            .machine
+            .created()
+            .into_iter()
+            .filter(|(pid, ns)| {
+                self.expected.is_empty() || self.expected.contains(ns) || self.tree.contains(pid)
+            })
+            .map(|(pid, _)| (pid, 0))
+            .collect();
+        if alive.is_empty() {
+            self.leave_retryable();
+            return;
+        }
+        self.out.log(
+            Level::Error,
+            format!(
+                "CRIU (pid {criu}) ended in the middle of a restore, before the GPU state was \
+                 back: killing the half-restored processes it created, {}; the images are \
+                 unchanged: restore again",
+                pids(&alive)
+            ),
+        );
+        for (pid, _) in alive.iter().rev() {
+            self.machine.kill_created(*pid);
+        }
+        self.leave_retryable();
     }
 
     /// After a restore killed half-way: what else it left in the way of the next one.

@@ -2,7 +2,8 @@
 //! each process was before the dump, and watches CRIU. If CRIU goes away before the plugin's
 //! `exit` has finished, the guardian finishes the job alone: it brings every process it touched
 //! back to its state before the dump, or kills a half-restored tree, and says so in syslog and in
-//! `gpu-guardian.log` in the image directory.
+//! `gpu-guardian.log` in the image directory. For a ROCm dump it holds the KFD file of each
+//! process whose GPU queues the dump pauses, and restarts them if CRIU goes first ([`kfd`]).
 //!
 //! Calls on one process run one after another on a worker thread of their own (the driver
 //! serialises them anyway, and a rollback must come after a call still in flight); calls on
@@ -11,22 +12,26 @@
 //! calls to return before it decides what is left to undo.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use criu_gpu_image::digest::FileDigest;
 use criu_gpu_image::restorable;
-use criu_gpu_image::thp::{Raised, Thp};
+use criu_gpu_image::thp::{Raised, Thp, Want};
 use cuda_checkpoint_ctl::driver::{CudaError, DeviceMap, DriverInfo, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
 use rustix::event::{poll, PollFd, PollFlags};
 
 mod alone;
+mod kfd;
 mod worker;
 
+use self::kfd::KfdHold;
+pub use self::kfd::Unpaused;
 use self::worker::{no_driver, Job, Tracked, Worker};
 use super::proto::{self, Act, Level, Op, Order, Outcome, Report, Watch};
 
@@ -80,6 +85,14 @@ pub trait Machine: Send + Sync + 'static {
     /// The image directory, for checking image files.
     fn image_dir(&self) -> Option<PathBuf> {
         None
+    }
+    /// AMD: restarts the GPU queues of process `pid` that a dump paused through its KFD file
+    /// `file` (the process's own open file, handed over by the plugin). Only once CRIU is gone:
+    /// amdkfd takes these calls from the process itself or from its tracer only.
+    fn unpause_kfd(&self, pid: i32, _file: BorrowedFd<'_>) -> Result<Unpaused, String> {
+        Err(format!(
+            "this guardian cannot reach process {pid}'s KFD (no AMD support)"
+        ))
     }
 }
 
@@ -174,6 +187,8 @@ pub struct Agent {
     criu: OwnedFd,
     criu_pid: i32,
     tracked: BTreeMap<i32, Tracked>,
+    /// AMD: the KFD files of processes whose GPU queues the dump pauses.
+    kfds: BTreeMap<i32, KfdHold>,
     phase: Phase,
     /// Restore: the restored tree as RESUME_DEVICES_LATE found it.
     tree: BTreeSet<i32>,
@@ -205,6 +220,7 @@ impl Agent {
             criu,
             criu_pid,
             tracked: BTreeMap::new(),
+            kfds: BTreeMap::new(),
             phase: Phase::Working,
             tree: BTreeSet::new(),
             expected: Vec::new(),
@@ -216,7 +232,10 @@ impl Agent {
 
     /// Serves the plugin until its work is done or CRIU is gone, then finishes alone.
     pub fn run(mut self) {
-        let driver = self.machine.driver().map(|d| d.info());
+        let driver = match self.watch.cuda() {
+            true => self.machine.driver().map(|d| d.info()),
+            false => Err("this guardian serves AMD GPUs: no CUDA driver loaded".to_owned()),
+        };
         self.out.report(&Report::Hello { driver });
         let mut buf = vec![0u8; proto::MAX_MESSAGE];
         let mut bye_at: Option<Instant> = None;
@@ -245,11 +264,11 @@ impl Agent {
             if !order_waiting {
                 continue;
             }
-            match proto::recv::<Order>(&self.link, &mut buf) {
-                Ok(Some(Order::Bye)) => {
+            match proto::recv_with_files::<Order>(&self.link, &mut buf) {
+                Ok(Some((Order::Bye, _))) => {
                     self.bye = true;
                     bye_at = Some(Instant::now());
-                    if self.watch != Watch::Restore
+                    if !self.watch.restore()
                         && self.phase == Phase::Working
                         && self.tracked.values().any(|t| t.touched)
                     {
@@ -257,7 +276,7 @@ impl Agent {
                         return;
                     }
                 }
-                Ok(Some(order)) => self.handle(order),
+                Ok(Some((order, files))) => self.handle(order, files),
                 // The plugin's end closed without a goodbye: CRIU is going away.
                 Ok(None) | Err(_) if !self.bye => {
                     self.drain(&mut buf);
@@ -278,9 +297,9 @@ impl Agent {
             if !self.order_pending() {
                 return;
             }
-            match proto::recv::<Order>(&self.link, &mut *buf) {
-                Ok(Some(Order::Bye)) => self.bye = true,
-                Ok(Some(order)) => self.handle(order),
+            match proto::recv_with_files::<Order>(&self.link, &mut *buf) {
+                Ok(Some((Order::Bye, _))) => self.bye = true,
+                Ok(Some((order, files))) => self.handle(order, files),
                 Ok(None) => return,
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => continue,
                 Err(_) => return,
@@ -322,65 +341,33 @@ impl Agent {
     /// Whether nothing is left for the guardian to see through.
     fn done(&self) -> bool {
         match self.phase {
-            Phase::RolledBack => self.settled.load(Ordering::SeqCst),
+            Phase::RolledBack => self.settled.load(Ordering::SeqCst) && self.kfds.is_empty(),
             Phase::Restored => true,
-            Phase::Committed => self
-                .tracked
-                .iter()
-                .all(|(pid, t)| !self.machine.alive(*pid, t.starttime)),
+            Phase::Committed => {
+                self.tracked
+                    .iter()
+                    .all(|(pid, t)| !self.machine.alive(*pid, t.starttime))
+                    && self
+                        .kfds
+                        .iter()
+                        .all(|(pid, k)| !self.machine.alive(*pid, k.starttime))
+            }
             Phase::Working => {
-                self.watch == Watch::Restore || !self.tracked.values().any(|t| t.touched)
+                self.watch.restore()
+                    || (!self.tracked.values().any(|t| t.touched) && self.kfds.is_empty())
             }
         }
     }
 
-    fn handle(&mut self, order: Order) {
+    /// Carries out one order of the plugin; `files` came with it.
+    fn handle(&mut self, order: Order, files: Vec<OwnedFd>) {
         match order {
             Order::Track {
                 pid,
                 starttime,
                 comm,
-            } => {
-                if self.tracked.contains_key(&pid) {
-                    return;
-                }
-                let (tx, rx) = channel();
-                let w = Worker {
-                    pid,
-                    comm: comm.clone(),
-                    starttime,
-                    initial: None,
-                    machine: self.machine.clone(),
-                    out: self.out.clone(),
-                };
-                std::thread::spawn(move || w.run(rx));
-                self.tracked.insert(
-                    pid,
-                    Tracked {
-                        comm,
-                        starttime,
-                        jobs: tx,
-                        touched: false,
-                        rolled_back: false,
-                    },
-                );
-            }
-            Order::Act { seq, pid, act } => match self.tracked.get_mut(&pid) {
-                Some(t) => {
-                    t.touched |= !matches!(act, Act::Probe | Act::State);
-                    let _ = t.jobs.send(Job::Act { seq, act });
-                }
-                None => {
-                    self.out.report(&Report::Done {
-                        seq,
-                        pid,
-                        result: Err(no_driver(
-                            Op::Probe,
-                            format!("process {pid} is not tracked"),
-                        )),
-                    });
-                }
-            },
+            } => self.track(pid, starttime, comm),
+            Order::Act { seq, pid, act } => self.act(seq, pid, act),
             Order::Inventory { seq } => {
                 let machine = self.machine.clone();
                 let out = self.out.clone();
@@ -389,61 +376,124 @@ impl Agent {
                     out.report(&Report::Inventory { seq, inventory });
                 });
             }
-            Order::RollBack => {
-                self.phase = Phase::RolledBack;
-                let waiting = self.roll_back_all();
-                let n = self.tracked.len();
-                let out = self.out.clone();
-                let settled = self.settled.clone();
-                std::thread::spawn(move || {
-                    let outcomes: Vec<Outcome> = waiting.iter().take(n).collect();
-                    if !out.report(&Report::Settled {
-                        outcomes: outcomes.clone(),
-                    }) {
-                        // The plugin stopped waiting: the outcomes go to the record instead.
-                        for o in &outcomes {
-                            out.log(o.level(), o.line());
-                        }
-                    }
-                    settled.store(true, Ordering::SeqCst);
-                });
-            }
+            Order::RollBack => self.roll_back(),
             Order::Commit => self.phase = Phase::Committed,
             Order::Restoring { tree } => self.tree.extend(tree.iter().map(|(p, _)| *p)),
             Order::Expect { pids } => self.expected = pids,
             Order::Restored => self.phase = Phase::Restored,
             Order::RaiseThp { seq, want } => {
-                let result = match self.machine.thp() {
-                    None => Err("not on this machine".to_owned()),
-                    Some(thp) => {
-                        let r = thp.raise(want, std::process::id() as i32);
-                        if matches!(r, Ok(Raised::From(_))) && self.thp.is_none() {
-                            self.thp = Some(ThpHold {
-                                thp,
-                                out: self.out.clone(),
-                            });
-                        }
-                        r.map_err(|e| e.to_string())
-                    }
-                };
+                let result = self.raise_thp(want);
                 self.out.report(&Report::Thp { seq, result });
             }
             Order::LowerThp => self.thp = None,
-            Order::Verify { seq, files } => {
-                let dir = self.machine.image_dir();
-                let out = self.out.clone();
-                std::thread::spawn(move || {
-                    let result = match dir {
-                        None => Err("the guardian has no image directory".to_owned()),
-                        // A few threads: the restore reads the same files meanwhile.
-                        Some(d) => restorable::verify_later(&d, &files, VERIFY_THREADS)
-                            .map_err(|e| e.to_string()),
-                    };
-                    out.report(&Report::Verified { seq, result });
-                });
-            }
+            Order::Verify { seq, files } => self.verify(seq, files),
+            Order::HoldKfd {
+                pid,
+                starttime,
+                comm,
+            } => self.hold_kfd(pid, starttime, comm, files),
+            Order::ReleaseKfd { pid } => self.release_kfd(pid),
             Order::Bye => self.bye = true,
         }
+    }
+
+    /// Starts a worker for process `pid`, which makes its driver calls in order.
+    fn track(&mut self, pid: i32, starttime: u64, comm: String) {
+        if self.tracked.contains_key(&pid) {
+            return;
+        }
+        let (tx, rx) = channel();
+        let w = Worker {
+            pid,
+            comm: comm.clone(),
+            starttime,
+            initial: None,
+            machine: self.machine.clone(),
+            out: self.out.clone(),
+        };
+        std::thread::spawn(move || w.run(rx));
+        self.tracked.insert(
+            pid,
+            Tracked {
+                comm,
+                starttime,
+                jobs: tx,
+                touched: false,
+                rolled_back: false,
+            },
+        );
+    }
+
+    /// Queues a driver call on process `pid`'s worker (refused for a process not tracked).
+    fn act(&mut self, seq: u64, pid: i32, act: Act) {
+        match self.tracked.get_mut(&pid) {
+            Some(t) => {
+                t.touched |= !matches!(act, Act::Probe | Act::State);
+                let _ = t.jobs.send(Job::Act { seq, act });
+            }
+            None => {
+                self.out.report(&Report::Done {
+                    seq,
+                    pid,
+                    result: Err(no_driver(
+                        Op::Probe,
+                        format!("process {pid} is not tracked"),
+                    )),
+                });
+            }
+        }
+    }
+
+    /// Rolls every process back and reports the outcomes once all are in.
+    fn roll_back(&mut self) {
+        self.phase = Phase::RolledBack;
+        let waiting = self.roll_back_all();
+        let n = self.tracked.len();
+        let out = self.out.clone();
+        let settled = self.settled.clone();
+        std::thread::spawn(move || {
+            let outcomes: Vec<Outcome> = waiting.iter().take(n).collect();
+            if !out.report(&Report::Settled {
+                outcomes: outcomes.clone(),
+            }) {
+                // The plugin stopped waiting: the outcomes go to the record instead.
+                for o in &outcomes {
+                    out.log(o.level(), o.line());
+                }
+            }
+            settled.store(true, Ordering::SeqCst);
+        });
+    }
+
+    /// Raises the node's huge page policy, held (and put back) by the guardian.
+    fn raise_thp(&mut self, want: Want) -> Result<Raised, String> {
+        let Some(thp) = self.machine.thp() else {
+            return Err("not on this machine".to_owned());
+        };
+        let r = thp.raise(want, std::process::id() as i32);
+        if matches!(r, Ok(Raised::From(_))) && self.thp.is_none() {
+            self.thp = Some(ThpHold {
+                thp,
+                out: self.out.clone(),
+            });
+        }
+        r.map_err(|e| e.to_string())
+    }
+
+    /// Checks image files against their digests on a thread of their own.
+    fn verify(&self, seq: u64, files: Vec<FileDigest>) {
+        let dir = self.machine.image_dir();
+        let out = self.out.clone();
+        std::thread::spawn(move || {
+            let result = match dir {
+                None => Err("the guardian has no image directory".to_owned()),
+                // A few threads: the restore reads the same files meanwhile.
+                Some(d) => {
+                    restorable::verify_later(&d, &files, VERIFY_THREADS).map_err(|e| e.to_string())
+                }
+            };
+            out.report(&Report::Verified { seq, result });
+        });
     }
 
     /// Queues a rollback behind whatever each process still has in flight.

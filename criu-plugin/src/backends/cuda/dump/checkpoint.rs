@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
+use cuda_checkpoint_ctl::inventory::Inventory;
 use cuda_checkpoint_ctl::process::maps;
 
 use criu_gpu_image::cuda::{Span, Usage};
@@ -16,8 +17,8 @@ use crate::backends::cuda::error::{ActionFailure, DumpError, Held, Who};
 use crate::backends::cuda::{action_limit, gib};
 use crate::core::stats;
 use crate::core::{HookError, HookResult, Host, ThreadWindow, Verdict};
-use crate::guardian::proto::{Act, Order};
-use crate::guardian::Guardian;
+use crate::guardian::proto::{Act, Answer, Order};
+use crate::guardian::{Guardian, Ticket};
 
 impl Dump {
     pub fn checkpoint(&mut self, host: &dyn Host, pid: i32) -> HookResult {
@@ -191,11 +192,15 @@ impl Ctx {
 }
 
 /// NVML's answer (asked when the guardian started): GPU memory per process, all GPUs.
-fn usage(g: &mut Guardian, seq: Option<u64>, tree: &mut Tree) -> Result<(), HookError> {
+fn usage(
+    g: &mut Guardian,
+    seq: Option<Ticket<Inventory>>,
+    tree: &mut Tree,
+) -> Result<(), HookError> {
     if let Some(seq) = seq {
         let within = Instant::now() + Duration::from_secs(10);
         g.wait_all(&[seq], within, &mut || {})?;
-        match g.take_inventory(seq) {
+        match g.take(seq) {
             Some(Ok(inv)) => tree.inventory = Some(inv),
             Some(Err(e)) => tracing::info!("NVML unavailable, GPU usage not recorded: {e}"),
             None => tracing::info!("NVML did not answer in 10 s; GPU usage not recorded"),
@@ -220,7 +225,7 @@ fn usage(g: &mut Guardian, seq: Option<u64>, tree: &mut Tree) -> Result<(), Hook
 fn failures(
     g: &mut Guardian,
     todo: &[&Proc],
-    seqs: &[u64],
+    seqs: &[Ticket<Answer>],
     limit: Duration,
 ) -> Vec<(Who, ActionFailure)> {
     let mut failures = Vec::new();
@@ -249,7 +254,7 @@ fn raise_thp(g: &mut Guardian, want: Want) -> Result<(), HookError> {
     g.wait_until(Instant::now() + Duration::from_secs(2), &mut || {}, &|g| {
         g.has(seq)
     })?;
-    match g.take_thp(seq) {
+    match g.take(seq) {
         Some(Ok(Raised::From(p))) => tracing::info!(
             "transparent huge pages at always for the GPU checkpoint (the node's policy, {p}, is \
              put back after it)"

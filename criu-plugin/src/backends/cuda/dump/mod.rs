@@ -87,7 +87,7 @@ struct Link {
     spawn: SpawnGuardian,
     guardian: Option<Guardian>,
     /// NVML's answer, asked for as the guardian started.
-    inventory: Option<u64>,
+    inventory: Option<crate::guardian::Ticket<Inventory>>,
 }
 
 impl Link {

@@ -12,7 +12,7 @@ use crate::backends::cuda::error::{ActionFailure, DumpError, Who};
 use crate::backends::cuda::INVENTORY_NAME;
 use crate::core::{stats, HookError, HookResult, Host, Stage, Verdict};
 use crate::guardian::proto::{Act, Answer, Order};
-use crate::guardian::Guardian;
+use crate::guardian::{Guardian, Ticket};
 
 /// How long the driver may take to name the restore threads (it answers at once).
 const PROBE_WAIT: Duration = Duration::from_secs(2);
@@ -158,7 +158,7 @@ impl Ctx {
         for h in &holders {
             states.insert(h.who.pid, g.act(h.who.pid, Act::State)?);
         }
-        let seqs: Vec<u64> = states.values().copied().collect();
+        let seqs: Vec<_> = states.values().copied().collect();
         g.wait_all(&seqs, deadline, &mut || {})?;
         let mut found = Vec::new();
         for h in holders {
@@ -181,7 +181,7 @@ impl Ctx {
     fn initial_state(
         &self,
         g: &mut Guardian,
-        seq: u64,
+        seq: Ticket<Answer>,
         h: &Holder,
         criu: i32,
     ) -> Result<ProcessState, HookError> {

@@ -136,7 +136,7 @@ fn ask_node(
         Ok(_) => {
             let seq = g.ask_inventory()?;
             g.wait_all(&[seq], Instant::now() + INVENTORY_WAIT, &mut || {})?;
-            g.take_inventory(seq)
+            g.take(seq)
                 .unwrap_or_else(|| Err("NVML did not answer within 30 s".into()))
         }
     };

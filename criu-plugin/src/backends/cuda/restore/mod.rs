@@ -29,7 +29,7 @@ use self::outcome::Outcomes;
 use super::procs::Procs;
 use crate::core::{HookError, HookResult, Host, Settings, Verdict};
 use crate::guardian::proto::Order;
-use crate::guardian::Guardian;
+use crate::guardian::{Guardian, Ticket, Verified};
 
 enum Phase {
     /// The image holds no CUDA state.
@@ -50,7 +50,7 @@ struct Ready {
 
 /// The guardian's check of the large pages images, asked for in `init`.
 struct Later {
-    seq: u64,
+    seq: Ticket<Verified>,
     bytes: u64,
 }
 

@@ -14,8 +14,8 @@ use crate::backends::cuda::error::{ActionFailure, RestoreError};
 use crate::backends::cuda::{action_limit, gib};
 use crate::core::stats;
 use crate::core::{Host, ThreadWindow};
-use crate::guardian::proto::Act;
-use crate::guardian::Guardian;
+use crate::guardian::proto::{Act, Answer};
+use crate::guardian::{Guardian, Ticket};
 
 impl Restore {
     /// Lets the restore threads of `ready` run and restores all of them at once.
@@ -55,7 +55,7 @@ impl Restore {
                 Err(e) => out.set(r.found.pid, Err(e.into())),
             }
         }
-        let seqs: Vec<u64> = acts.iter().map(|(_, s)| *s).collect();
+        let seqs: Vec<_> = acts.iter().map(|(_, s)| *s).collect();
         if let Err(e) = g.wait_all(&seqs, until, &mut || window.watch()) {
             out.tree_failed(e);
         }
@@ -111,7 +111,12 @@ fn device_bytes(f: &Found) -> u64 {
 }
 
 /// The outcome of the restore of `f`, asked as `seq`.
-fn restored(g: &mut Guardian, f: &Found, seq: u64, limit: Duration) -> Result<(), RestoreError> {
+fn restored(
+    g: &mut Guardian,
+    f: &Found,
+    seq: Ticket<Answer>,
+    limit: Duration,
+) -> Result<(), RestoreError> {
     let failure = match g.take(seq) {
         Some(Ok(_)) => {
             if f.record.initial_state != ProcessState::Running {

@@ -14,7 +14,7 @@ use super::Restore;
 use crate::backends::cuda::error::{RestoreError, Who};
 use crate::core::Host;
 use crate::guardian::proto::{Act, Answer, Order};
-use crate::guardian::Guardian;
+use crate::guardian::{Guardian, Ticket};
 
 /// How long the driver may take to name a process's restore thread (it answers at once).
 const PROBE_WAIT: Duration = Duration::from_secs(30);
@@ -143,7 +143,7 @@ impl Restore {
                 Err(e) => out.set(f.pid, Err(e)),
             }
         }
-        let seqs: Vec<u64> = asked.iter().map(|(_, s)| *s).collect();
+        let seqs: Vec<_> = asked.iter().map(|(_, s)| *s).collect();
         if let Err(e) = g.wait_all(&seqs, Instant::now() + PROBE_WAIT, &mut || {}) {
             out.tree_failed(e);
         }
@@ -160,7 +160,7 @@ impl Restore {
     }
 
     /// Has the guardian track `f` and ask the driver for its restore thread.
-    fn ask_thread(&self, g: &mut Guardian, f: &Found) -> Result<u64, RestoreError> {
+    fn ask_thread(&self, g: &mut Guardian, f: &Found) -> Result<Ticket<Answer>, RestoreError> {
         g.order(&Order::Track {
             pid: f.pid,
             starttime: self.procs.starttime(f.pid).unwrap_or(0),
@@ -176,7 +176,7 @@ impl Restore {
         &self,
         g: &mut Guardian,
         f: &Found,
-        seq: u64,
+        seq: Ticket<Answer>,
         plan: &Plan,
         upstream: bool,
     ) -> Result<Option<i32>, RestoreError> {
