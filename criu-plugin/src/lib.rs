@@ -8,6 +8,13 @@
 //! writer the C edge installs. The checkpoint image and the checks before a restore are the
 //! `criu-gpu-image` crate's.
 
+// Code that runs inside CRIU answers with errors, never a panic (the C edge would catch one and
+// fail the hook, but a panic says nothing an operator can act on); tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 pub mod abi;
 pub mod backends;
 pub mod core;

@@ -198,7 +198,50 @@ pub fn place(
         Request::Same => at_checkpoint.iter().map(|g| (g.uuid, g.uuid)).collect(),
         Request::Pairs(m) => m.pairs().to_vec(),
     };
-    for &(old, new) in &named {
+    check_named(at_checkpoint, here, &named, &need_of)?;
+    let mut free: Vec<&Gpu> = here
+        .iter()
+        .filter(|g| !named.iter().any(|(_, n)| *n == g.uuid))
+        .collect();
+    let mut open: Vec<&Gpu> = at_checkpoint
+        .iter()
+        .filter(|g| !named.iter().any(|(o, _)| *o == g.uuid))
+        .collect();
+    // The biggest first: they have the fewest choices.
+    open.sort_by_key(|g| (std::cmp::Reverse(need_of(g.uuid)), g.index));
+    check_models(&open, &free, here, &need_of)?;
+    let mut chosen = Vec::new();
+    let stayers: Vec<GpuUuid> = open.iter().map(|g| g.uuid).collect();
+    if !assign(&open, &mut free, &stayers, &need_of, &mut chosen) {
+        return Err(PlacementError::NoPlacement {
+            unplaced: open
+                .iter()
+                .map(|g| format!("{} ({}, {})", g.uuid, g.name, gib(need_of(g.uuid))))
+                .collect(),
+            here: here.to_vec(),
+        });
+    }
+    let mut pairs: Vec<(GpuUuid, GpuUuid)> = named;
+    pairs.extend(open.iter().zip(&chosen).map(|(o, n)| (o.uuid, *n)));
+    let order = |u: &GpuUuid| at_checkpoint.iter().position(|g| g.uuid == *u);
+    pairs.sort_by_key(|(o, _)| order(o));
+    let map = DeviceMap::new(pairs).expect("a placement is one-to-one");
+    Ok(Placement {
+        processes: landings(usage, &map),
+        notes: notes(&map, here, &need_of, usage),
+        map,
+    })
+}
+
+/// The pairs the operator named: each old GPU was there at checkpoint, each new one is here
+/// with room for what the old one held.
+fn check_named(
+    at_checkpoint: &[Gpu],
+    here: &[Gpu],
+    named: &[(GpuUuid, GpuUuid)],
+    need_of: &dyn Fn(GpuUuid) -> u64,
+) -> Result<(), PlacementError> {
+    for &(old, new) in named {
         if !at_checkpoint.iter().any(|g| g.uuid == old) {
             return Err(PlacementError::NotAtCheckpoint {
                 gpu: old,
@@ -221,18 +264,17 @@ pub fn place(
             });
         }
     }
-    let mut free: Vec<&Gpu> = here
-        .iter()
-        .filter(|g| !named.iter().any(|(_, n)| *n == g.uuid))
-        .collect();
-    let mut open: Vec<&Gpu> = at_checkpoint
-        .iter()
-        .filter(|g| !named.iter().any(|(o, _)| *o == g.uuid))
-        .collect();
-    // The biggest first: they have the fewest choices.
-    open.sort_by_key(|g| (std::cmp::Reverse(need_of(g.uuid)), g.index));
-    let mut chosen = Vec::new();
-    for old in &open {
+    Ok(())
+}
+
+/// The GPUs left to place: enough free GPUs of each model, and one with room for each.
+fn check_models(
+    open: &[&Gpu],
+    free: &[&Gpu],
+    here: &[Gpu],
+    need_of: &dyn Fn(GpuUuid) -> u64,
+) -> Result<(), PlacementError> {
+    for old in open {
         let model: Vec<&&Gpu> = free.iter().filter(|g| g.name == old.name).collect();
         let olds: Vec<GpuUuid> = open
             .iter()
@@ -257,26 +299,7 @@ pub fn place(
             }
         }
     }
-    let stayers: Vec<GpuUuid> = open.iter().map(|g| g.uuid).collect();
-    if !assign(&open, &mut free, &stayers, &need_of, &mut chosen) {
-        return Err(PlacementError::NoPlacement {
-            unplaced: open
-                .iter()
-                .map(|g| format!("{} ({}, {})", g.uuid, g.name, gib(need_of(g.uuid))))
-                .collect(),
-            here: here.to_vec(),
-        });
-    }
-    let mut pairs: Vec<(GpuUuid, GpuUuid)> = named;
-    pairs.extend(open.iter().zip(&chosen).map(|(o, n)| (o.uuid, *n)));
-    let order = |u: &GpuUuid| at_checkpoint.iter().position(|g| g.uuid == *u);
-    pairs.sort_by_key(|(o, _)| order(o));
-    let map = DeviceMap::new(pairs).expect("a placement is one-to-one");
-    Ok(Placement {
-        processes: landings(usage, &map),
-        notes: notes(&map, here, &need_of, usage),
-        map,
-    })
+    Ok(())
 }
 
 /// Memory held per checkpoint GPU, over all processes.

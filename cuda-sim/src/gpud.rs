@@ -173,65 +173,22 @@ impl Daemon {
         st.clients.remove(&id);
     }
 
-    fn handle(
-        &self,
-        id: u64,
-        allocs: &mut HashMap<u64, (u32, Vec<u8>)>,
-        req: Request,
-    ) -> proto::Answer {
-        let range = |allocs: &HashMap<u64, (u32, Vec<u8>)>, dptr: u64, off: u64, len: u64| {
-            let (_, buf) = allocs.get(&dptr).ok_or(code::INVALID_VALUE)?;
-            let end = off.checked_add(len).ok_or(code::INVALID_VALUE)?;
-            if end > buf.len() as u64 {
-                return Err(code::INVALID_VALUE);
-            }
-            Ok((off as usize, end as usize))
-        };
+    fn handle(&self, id: u64, allocs: &mut Allocs, req: Request) -> proto::Answer {
         match req {
             Request::Hello { .. } => Ok(Reply::Hello {
                 driver_version: self.driver_version.clone(),
                 devices: self.devices.clone(),
             }),
-            Request::Alloc { device, dptr, size } => {
-                let dev = self
-                    .devices
-                    .get(device as usize)
-                    .ok_or(code::INVALID_DEVICE)?;
-                if size == 0 || allocs.contains_key(&dptr) {
-                    return Err(code::INVALID_VALUE);
-                }
-                let mut st = self.state.lock().unwrap();
-                if st.used[device as usize] + size > dev.total_memory {
-                    return Err(code::OUT_OF_MEMORY);
-                }
-                let mut buf = Vec::new();
-                buf.try_reserve_exact(size as usize)
-                    .map_err(|_| code::OUT_OF_MEMORY)?;
-                buf.resize(size as usize, 0);
-                st.used[device as usize] += size;
-                if let Some(c) = st.clients.get_mut(&id) {
-                    c.used[device as usize] += size;
-                }
-                allocs.insert(dptr, (device, buf));
-                Ok(Reply::Done)
-            }
-            Request::Free { dptr } => {
-                let (dev, buf) = allocs.remove(&dptr).ok_or(code::INVALID_VALUE)?;
-                let mut st = self.state.lock().unwrap();
-                st.used[dev as usize] -= buf.len() as u64;
-                if let Some(c) = st.clients.get_mut(&id) {
-                    c.used[dev as usize] -= buf.len() as u64;
-                }
-                Ok(Reply::Done)
-            }
+            Request::Alloc { device, dptr, size } => self.alloc(id, allocs, device, dptr, size),
+            Request::Free { dptr } => self.free(id, allocs, dptr),
             Request::Write { dptr, offset, data } => {
                 let (a, b) = range(allocs, dptr, offset, data.len() as u64)?;
-                allocs.get_mut(&dptr).unwrap().1[a..b].copy_from_slice(&data);
+                buffer(allocs, dptr)?[a..b].copy_from_slice(&data);
                 Ok(Reply::Done)
             }
             Request::Read { dptr, offset, len } => {
                 let (a, b) = range(allocs, dptr, offset, len)?;
-                Ok(Reply::Data(allocs[&dptr].1[a..b].to_vec()))
+                Ok(Reply::Data(buffer(allocs, dptr)?[a..b].to_vec()))
             }
             Request::Memset32 {
                 dptr,
@@ -240,7 +197,7 @@ impl Daemon {
                 value,
             } => {
                 let (a, b) = range(allocs, dptr, offset, count.saturating_mul(4))?;
-                for word in allocs.get_mut(&dptr).unwrap().1[a..b].chunks_exact_mut(4) {
+                for word in buffer(allocs, dptr)?[a..b].chunks_exact_mut(4) {
                     word.copy_from_slice(&value.to_le_bytes());
                 }
                 Ok(Reply::Done)
@@ -262,38 +219,97 @@ impl Daemon {
                     Err(code::UNKNOWN)
                 }
             }
-            Request::MemInfo { device } => {
-                let dev = self
-                    .devices
-                    .get(device as usize)
-                    .ok_or(code::INVALID_DEVICE)?;
-                let used = self.state.lock().unwrap().used[device as usize];
-                Ok(Reply::MemInfo {
-                    free: dev.total_memory - used,
-                    total: dev.total_memory,
-                })
-            }
-            Request::Processes { device } => {
-                self.devices
-                    .get(device as usize)
-                    .ok_or(code::INVALID_DEVICE)?;
-                let st = self.state.lock().unwrap();
-                let mut list: Vec<(u32, u64)> = st
-                    .clients
-                    .values()
-                    .filter(|c| c.used[device as usize] > 0)
-                    .map(|c| (c.pid, c.used[device as usize]))
-                    .collect();
-                list.sort_unstable();
-                Ok(Reply::Processes(list))
-            }
+            Request::MemInfo { device } => self.mem_info(device),
+            Request::Processes { device } => self.processes(device),
         }
+    }
+
+    fn alloc(&self, id: u64, allocs: &mut Allocs, device: u32, dptr: u64, size: u64) -> Answer {
+        let dev = self
+            .devices
+            .get(device as usize)
+            .ok_or(code::INVALID_DEVICE)?;
+        if size == 0 || allocs.contains_key(&dptr) {
+            return Err(code::INVALID_VALUE);
+        }
+        let mut st = self.state.lock().unwrap();
+        if st.used[device as usize] + size > dev.total_memory {
+            return Err(code::OUT_OF_MEMORY);
+        }
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(size as usize)
+            .map_err(|_| code::OUT_OF_MEMORY)?;
+        buf.resize(size as usize, 0);
+        st.used[device as usize] += size;
+        if let Some(c) = st.clients.get_mut(&id) {
+            c.used[device as usize] += size;
+        }
+        allocs.insert(dptr, (device, buf));
+        Ok(Reply::Done)
+    }
+
+    fn free(&self, id: u64, allocs: &mut Allocs, dptr: u64) -> Answer {
+        let (dev, buf) = allocs.remove(&dptr).ok_or(code::INVALID_VALUE)?;
+        let mut st = self.state.lock().unwrap();
+        st.used[dev as usize] -= buf.len() as u64;
+        if let Some(c) = st.clients.get_mut(&id) {
+            c.used[dev as usize] -= buf.len() as u64;
+        }
+        Ok(Reply::Done)
+    }
+
+    fn mem_info(&self, device: u32) -> Answer {
+        let dev = self
+            .devices
+            .get(device as usize)
+            .ok_or(code::INVALID_DEVICE)?;
+        let used = self.state.lock().unwrap().used[device as usize];
+        Ok(Reply::MemInfo {
+            free: dev.total_memory - used,
+            total: dev.total_memory,
+        })
+    }
+
+    fn processes(&self, device: u32) -> Answer {
+        self.devices
+            .get(device as usize)
+            .ok_or(code::INVALID_DEVICE)?;
+        let st = self.state.lock().unwrap();
+        let mut list: Vec<(u32, u64)> = st
+            .clients
+            .values()
+            .filter(|c| c.used[device as usize] > 0)
+            .map(|c| (c.pid, c.used[device as usize]))
+            .collect();
+        list.sort_unstable();
+        Ok(Reply::Processes(list))
     }
 }
 
 /// Whether a daemon answers on `socket`.
 pub fn is_running(socket: &Path) -> bool {
     UnixStream::connect(socket).is_ok()
+}
+
+/// A client's device allocations: device pointer to (device, bytes).
+type Allocs = HashMap<u64, (u32, Vec<u8>)>;
+type Answer = proto::Answer;
+
+/// The byte range `off..off+len` of allocation `dptr`, if it lies inside it.
+fn range(allocs: &Allocs, dptr: u64, off: u64, len: u64) -> Result<(usize, usize), u32> {
+    let (_, buf) = allocs.get(&dptr).ok_or(code::INVALID_VALUE)?;
+    let end = off.checked_add(len).ok_or(code::INVALID_VALUE)?;
+    if end > buf.len() as u64 {
+        return Err(code::INVALID_VALUE);
+    }
+    Ok((off as usize, end as usize))
+}
+
+fn buffer(allocs: &mut Allocs, dptr: u64) -> Result<&mut Vec<u8>, u32> {
+    allocs
+        .get_mut(&dptr)
+        .map(|(_, b)| b)
+        .ok_or(code::INVALID_VALUE)
 }
 
 #[cfg(test)]

@@ -101,51 +101,9 @@ fn main() -> Result<()> {
             actual_gpu_id: g.gpu_id,
         })
         .collect();
-    let mut bos = Vec::new();
-    for (i, g) in gpus.iter().enumerate() {
-        bos.push(SimBo {
-            handle: bos.len() as u32,
-            addr: 0x7f00_0000_0000 + ((i as u64) << 32),
-            size: args.mib << 20,
-            gpu_id: g.user_gpu_id,
-            alloc_flags: alloc::VRAM | alloc::WRITABLE,
-        });
-    }
-    bos.push(SimBo {
-        handle: bos.len() as u32,
-        addr: 0x7e00_0000_0000,
-        size: 1 << 20,
-        gpu_id: gpus[0].user_gpu_id,
-        alloc_flags: alloc::GTT | alloc::WRITABLE,
-    });
-    bos.push(SimBo {
-        handle: bos.len() as u32,
-        addr: 0x7d00_0000_0000,
-        size: 4096,
-        gpu_id: gpus[0].user_gpu_id,
-        alloc_flags: alloc::DOORBELL,
-    });
+    let bos = buffers(&gpus, args.mib);
     let mut rng = pid as u64 | 1;
-    let mut maps = Vec::new();
-    let mut expect: Vec<Vec<u8>> = Vec::new();
-    for b in &bos {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(kfd.bo_path(pid, b.handle))?;
-        f.set_len(b.size)?;
-        let mut m = mapping::Mapping::new(&f, b.size as usize)?;
-        let data: Vec<u8> = if alloc::has_contents(b.alloc_flags) {
-            (0..b.size).map(|_| xorshift(&mut rng)).collect()
-        } else {
-            vec![0; b.size as usize]
-        };
-        m.bytes().copy_from_slice(&data);
-        maps.push(m);
-        expect.push(data);
-    }
+    let (mut maps, mut expect) = fill(&kfd, pid, &bos, &mut rng)?;
     kfd.store(&SimProcess {
         pid,
         gpus,
@@ -175,23 +133,89 @@ fn main() -> Result<()> {
             maps[which].bytes()[start..start + len].fill(v);
             expect[which][start..start + len].fill(v);
         }
-        for (i, (m, e)) in maps.iter_mut().zip(&expect).enumerate() {
-            if alloc::has_contents(bos[i].alloc_flags) && m.bytes() != e.as_slice() {
-                let at = m
-                    .bytes()
-                    .iter()
-                    .zip(e)
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(0);
-                log_line(
-                    &args.log,
-                    &format!("MISMATCH step={step} pid={pid} buffer={i} byte={at}"),
-                );
-                std::process::exit(3);
-            }
-        }
+        check(&args.log, step, &bos, &mut maps, &expect);
         log_line(&args.log, &format!("step={step} pid={pid} ok"));
         std::thread::sleep(Duration::from_millis(args.interval_ms));
     }
     Ok(())
+}
+
+/// A buffer of `mib` in each GPU's VRAM, one in system memory, a doorbell page.
+fn buffers(gpus: &[SimGpu], mib: u64) -> Vec<SimBo> {
+    let mut bos = Vec::new();
+    for (i, g) in gpus.iter().enumerate() {
+        bos.push(SimBo {
+            handle: bos.len() as u32,
+            addr: 0x7f00_0000_0000 + ((i as u64) << 32),
+            size: mib << 20,
+            gpu_id: g.user_gpu_id,
+            alloc_flags: alloc::VRAM | alloc::WRITABLE,
+        });
+    }
+    bos.push(SimBo {
+        handle: bos.len() as u32,
+        addr: 0x7e00_0000_0000,
+        size: 1 << 20,
+        gpu_id: gpus[0].user_gpu_id,
+        alloc_flags: alloc::GTT | alloc::WRITABLE,
+    });
+    bos.push(SimBo {
+        handle: bos.len() as u32,
+        addr: 0x7d00_0000_0000,
+        size: 4096,
+        gpu_id: gpus[0].user_gpu_id,
+        alloc_flags: alloc::DOORBELL,
+    });
+    bos
+}
+
+/// Maps each buffer and fills the ones with contents with random bytes; the mappings and what
+/// they must hold.
+fn fill(
+    kfd: &SimKfd,
+    pid: u32,
+    bos: &[SimBo],
+    rng: &mut u64,
+) -> Result<(Vec<mapping::Mapping>, Vec<Vec<u8>>)> {
+    let mut maps = Vec::new();
+    let mut expect: Vec<Vec<u8>> = Vec::new();
+    for b in bos {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(kfd.bo_path(pid, b.handle))?;
+        f.set_len(b.size)?;
+        let mut m = mapping::Mapping::new(&f, b.size as usize)?;
+        let data: Vec<u8> = if alloc::has_contents(b.alloc_flags) {
+            (0..b.size).map(|_| xorshift(rng)).collect()
+        } else {
+            vec![0; b.size as usize]
+        };
+        m.bytes().copy_from_slice(&data);
+        maps.push(m);
+        expect.push(data);
+    }
+    Ok((maps, expect))
+}
+
+/// Every buffer with contents holds what the app wrote; exits 3 with a MISMATCH line if not.
+fn check(log: &str, step: u64, bos: &[SimBo], maps: &mut [mapping::Mapping], expect: &[Vec<u8>]) {
+    let pid = std::process::id();
+    for (i, (m, e)) in maps.iter_mut().zip(expect).enumerate() {
+        if alloc::has_contents(bos[i].alloc_flags) && m.bytes() != e.as_slice() {
+            let at = m
+                .bytes()
+                .iter()
+                .zip(e)
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            log_line(
+                log,
+                &format!("MISMATCH step={step} pid={pid} buffer={i} byte={at}"),
+            );
+            std::process::exit(3);
+        }
+    }
 }

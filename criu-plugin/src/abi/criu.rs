@@ -64,7 +64,7 @@ fn lookup(name: &str) -> Option<*mut c_void> {
 fn symbols() -> &'static Symbols {
     static S: OnceLock<Symbols> = OnceLock::new();
     S.get_or_init(|| {
-        // SAFETY (all transmutes below): each symbol, when present, is the CRIU function of
+        // SAFETY: (all transmutes below) each symbol, when present, is the CRIU function of
         // that name, whose C prototype (criu/include/log.h, image.h, seize.h, criu-plugin.h)
         // is the function type it is converted to.
         unsafe {

@@ -438,8 +438,8 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> NvmlReturn {
-    // SAFETY: out-parameter per nvml.h.
     nvml_ret(|| {
+        // SAFETY: out-parameter per nvml.h.
         unsafe { put(version, cuda_sim::CUDA_VERSION) }.map_err(|_| nvml::ret::INVALID_ARGUMENT)
     })
 }

@@ -113,6 +113,28 @@ fn plain_loop(log: &str, interval: Duration) -> ! {
     unreachable!()
 }
 
+/// `--journal PATH`: the file of step checksums (a rank's: PATH.rankN), opened as Python's
+/// open(path, "w") does.
+fn open_journal(args: &Args, rank: Option<&job::Rank>) -> Result<Option<std::fs::File>> {
+    match (&args.journal, rank) {
+        (Some(j), Some(r)) => Some(format!("{j}.rank{}", r.rank)),
+        (Some(j), None) => Some(j.clone()),
+        (None, _) => None,
+    }
+    .map(|p| std::fs::File::create(&p).with_context(|| format!("creating {p}")))
+    .transpose()
+}
+
+/// `--hold PATH`: a rank waits before its next step while PATH.rankN exists.
+fn wait_while_held(args: &Args, rank: Option<&job::Rank>) {
+    if let (Some(hold), Some(r)) = (&args.hold, rank) {
+        let file = format!("{hold}.rank{}", r.rank);
+        while std::path::Path::new(&file).exists() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
 fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
     let _held = match &args.hold_unix_socket {
         Some(p) => Some(
@@ -121,13 +143,7 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
         ),
         None => None,
     };
-    let mut journal = match (&args.journal, &rank) {
-        (Some(j), Some(r)) => Some(format!("{j}.rank{}", r.rank)),
-        (Some(j), None) => Some(j.clone()),
-        (None, _) => None,
-    }
-    .map(|p| std::fs::File::create(&p).with_context(|| format!("creating {p}")))
-    .transpose()?;
+    let mut journal = open_journal(args, rank.as_ref())?;
     let cuda = driver::Cuda::load(&args.lib)?;
     cuda.init()?;
     let count = cuda.device_count()?;
@@ -149,12 +165,7 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
     let mut step = 0u64;
     loop {
         step += 1;
-        if let (Some(hold), Some(r)) = (&args.hold, &rank) {
-            let file = format!("{hold}.rank{}", r.rank);
-            while std::path::Path::new(&file).exists() {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
+        wait_while_held(args, rank.as_ref());
         let r = (step as usize) % regions;
         let (lo, hi) = (r * region, ((r + 1) * region).min(words));
         let value = xorshift(&mut rng);
