@@ -150,9 +150,7 @@ pub enum PlacementError {
     },
 }
 
-fn gib(b: u64) -> String {
-    format!("{:.2} GiB", crate::units::gib(b))
-}
+use crate::units::in_gib as gib;
 
 fn uuids(gpus: &[GpuUuid]) -> String {
     gpus.iter()

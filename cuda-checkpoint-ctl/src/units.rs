@@ -9,6 +9,11 @@ pub fn gib(bytes: u64) -> f64 {
     bytes as f64 / GIB
 }
 
+/// `1.50 GiB`: a size in GiB whatever its magnitude, for tables and messages that compare.
+pub fn in_gib(bytes: u64) -> String {
+    format!("{:.2} GiB", gib(bytes))
+}
+
 /// `1536` -> `1.50 KiB`, `512` -> `512 B`.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

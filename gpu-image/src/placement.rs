@@ -32,9 +32,7 @@ impl Plan {
     }
 }
 
-fn gib(b: u64) -> String {
-    format!("{:.2} GiB", cuda_checkpoint_ctl::units::gib(b))
-}
+use cuda_checkpoint_ctl::units::in_gib as gib;
 
 fn describe(gpus: &[Gpu]) -> String {
     gpus.iter()

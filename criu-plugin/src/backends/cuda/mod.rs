@@ -24,9 +24,7 @@ use crate::guardian::{Guardian, GuardianError};
 /// Starts the guardian of a command: the C edge forks it from CRIU; tests run one on a thread.
 pub type SpawnGuardian = Arc<dyn Fn(Watch) -> Result<Guardian, GuardianError> + Send + Sync>;
 
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / (1u64 << 30) as f64
-}
+use cuda_checkpoint_ctl::units::gib;
 
 /// How long a GPU checkpoint or restore of `bytes` (all processes together) may take before the
 /// plugin gives up on it: CRIU_GPU_ACTION_TIMEOUT_S, else a generous bound from the size (the

@@ -125,7 +125,7 @@ impl Dump {
             who.pid,
             d.gpus,
             d.bos,
-            d.bytes as f64 / (1u64 << 30) as f64,
+            cuda_checkpoint_ctl::units::gib(d.bytes),
             start.elapsed().as_secs_f64()
         );
         Ok(())
