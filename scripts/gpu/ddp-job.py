@@ -5,7 +5,9 @@ from (seed, step, rank), holds BALLAST GiB of seeded random data on its GPU, and
 explicit all_reduce every step. Per rank it writes OUT/rank<R>.log (held open, as training logs
 are): "ready", every --log-every steps "step N loss <float.hex()> allreduce ok|BAD" (the loss of
 that step; the all_reduce checks of the steps since), and at the end "params <sha256>" and
-"ballast ok|BAD"; with --times, OUT/rank<R>.times holds "N <CLOCK_MONOTONIC seconds>" per step
+"ballast ok|BAD", then "store ok" once a new barrier() and a set/get between the ranks through
+the job's TCPStore (libuv's unless USE_LIBUV=0; torchrun's agent's under torchrun) worked after
+the training, hence after any restore; with --times, OUT/rank<R>.times holds "N <CLOCK_MONOTONIC seconds>" per step
 (the host's view: a gap is the time the job was stopped). Two runs with the same arguments write
 the same log lines; a run that was dumped and restored must too.
 
@@ -132,10 +134,21 @@ def train(rank, world, a):
     if weight is not None:
         same = torch.equal(weight, ballast(a.ballast, a.seed + 1000 * rank, dev))
         log.write(f"ballast {'ok' if same else 'BAD'}\n")
+    log.write(f"store {store_check(rank, world)}\n")
     if times is not None:
         times.close()
     log.write("done\n")
     dist.destroy_process_group()
+
+
+def store_check(rank, world):
+    """A new barrier, then each rank sets a key and reads its peer's through the default store."""
+    dist.barrier()
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"ddp-job/{rank}", str(rank * 7 + 1))
+    peer = (rank + 1) % world
+    got = store.get(f"ddp-job/{peer}").decode()
+    return "ok" if got == str(peer * 7 + 1) else f"BAD {got}"
 
 
 def main():

@@ -19,7 +19,9 @@
 # (agent and workers; NCCL over sockets). Each part is bounded and prints what it saw.
 #
 #   OUT=/tmp/out scripts/gpu/flat-out.sh "ref-spawn chain-spawn snapshot kill-dump"
-# Environment: CYCLES (20), STEPS (1500), BALLAST (GiB per rank, 0.25); to try the script on a
+# Environment: CYCLES (20), STEPS (1500), BALLAST (GiB per rank, 0.25), LIBUV (plain: the job
+# as PyTorch starts it, libuv's io_uring rings and all; off: USE_LIBUV=0, and torchrun started
+# with io_uring disabled, as before CRIU patch 0008); to try the script on a
 # machine without a GPU: DEVICE=cpu MODEL=mlp PYTHON=/path/to/venv/bin/python3 (gloo, no CUDA).
 # Needs .carry (scripts/gpu/pack-carry.sh) in the working tree.
 set -uo pipefail
@@ -33,6 +35,7 @@ BALLAST=${BALLAST:-0.25}
 DEVICE=${DEVICE:-cuda}
 MODEL=${MODEL:-wide}
 PYTHON=${PYTHON:-python3}
+LIBUV=${LIBUV:-plain}
 TORCHRUN=$(dirname "$(command -v "$PYTHON")")/torchrun
 W=/dev/shm/flat-out
 export PATH="$root/.carry/bin:$PATH"
@@ -74,7 +77,7 @@ finished() { local t=0; while ! { grep -q '^done' "$1/rank0.log" 2>/dev/null && 
 same() {
 	local r
 	for r in 0 1; do
-		diff <(grep -E '^(step|params|ballast)' "$2/rank$r.log") <(grep -E '^(step|params|ballast)' "$1/rank$r.log") \
+		diff <(grep -E '^(step|params|ballast|store)' "$2/rank$r.log") <(grep -E '^(step|params|ballast|store)' "$1/rank$r.log") \
 			>"$OUT/diff.$(basename "$1").$r" || return 1
 	done
 	! grep -q BAD "$1"/rank*.log
@@ -97,9 +100,16 @@ start() {
 	JOBPID=$!
 }
 
-env_of() { if [ "$1" = spawn ]; then echo "${SHM[*]} USE_LIBUV=0"; else echo "${SOCKETS[*]} USE_LIBUV=0"; fi; }
-# torchrun's agent holds libuv's io_uring whatever its settings: started with io_uring off
-uring_off() { [ "$1" = torchrun ] && { URING_WAS=$(cat /proc/sys/kernel/io_uring_disabled); echo 2 >/proc/sys/kernel/io_uring_disabled; }; true; }
+# The job's environment: NCCL's transports as restorable; libuv's TCPStore as PyTorch starts it
+# (its io_uring rings are dumped by the project's CRIU, patch 0008) unless LIBUV=off.
+env_of() {
+	local nccl
+	if [ "$1" = spawn ]; then nccl="${SHM[*]}"; else nccl="${SOCKETS[*]}"; fi
+	if [ "$LIBUV" = off ]; then echo "$nccl USE_LIBUV=0"; else echo "$nccl"; fi
+}
+# LIBUV=off: torchrun's agent holds libuv's io_uring whatever its settings, so it starts with
+# io_uring off (the only way before patch 0008)
+uring_off() { [ "$1" = torchrun ] && [ "$LIBUV" = off ] && { URING_WAS=$(cat /proc/sys/kernel/io_uring_disabled); echo 2 >/proc/sys/kernel/io_uring_disabled; }; true; }
 uring_back() { [ -n "${URING_WAS:-}" ] && echo "$URING_WAS" >/proc/sys/kernel/io_uring_disabled; URING_WAS=; true; }
 
 part_ref() {

@@ -60,7 +60,8 @@ fn the_gpu_restore_starts_while_its_data_still_arrives() {
     let mut sim = Sim::start();
     let c = Criu::new(&sim);
     let (app, images) = dumped(&mut sim, &c, "64");
-    // The fill starts 3 s late: the driver's restore reads the pages before the fill gets there.
+    // The fill waits for the first fault (at most 60 s): the driver's restore reads the pages
+    // before the fill gets there, however loaded the machine.
     restored(&mut sim, &c, &app, &images, &[("CRIU_FAULT", "139")]);
     let (filled, faults, hooks) = summary(&images);
     assert!(faults > 0, "the driver's reads came through faults");

@@ -6,7 +6,7 @@
 #   deferred       the data arrived after the restorer (the log says how much), the late reader
 #                  saw exactly the data the application holds, and the application's mappings
 #                  are those it had before the dump (the kernel merged back what userfaultfd split)
-#   late           the fill starts 3 s late (fault injection): the late reader's pages arrive
+#   late           the fill held until the first fault (fault injection): the late reader's pages arrive
 #                  through faults served at once, before the fill reached them
 #   one thread     --page-io-threads 1 restores as stock CRIU: nothing deferred
 #   failed fill    putting a page in place fails (fault injection): the restore fails naming the
