@@ -142,17 +142,24 @@ fn plugin_dir() -> (PathBuf, String) {
 }
 
 fn criu() -> Vec<Finding> {
-    let mut f = Vec::new();
     let Some(bin) = criu_bin::find_criu() else {
-        f.push(problem(
+        return vec![problem(
             "criu",
             Status::Fail,
             "criu not found (PATH, /usr/local/sbin, /usr/sbin)",
             "sudo scripts/install.sh (installs CRIU 4.2.1 when the system's is older)",
-        ));
-        return f;
+        )];
     };
-    f.push(match criu_bin::version_of(&bin) {
+    let (dir, why) = plugin_dir();
+    let mut f = vec![criu_version(&bin), plugin(&dir, &why)];
+    f.extend(older_criu_reading(&dir, &bin));
+    f.extend(other_gpu_plugins(&dir));
+    f
+}
+
+/// Whether the CRIU found has the device hooks the plugin needs (4.0), and is the tested 4.2.
+fn criu_version(bin: &Path) -> Finding {
+    match criu_bin::version_of(bin) {
         None => problem(
             "criu",
             Status::Fail,
@@ -175,10 +182,13 @@ fn criu() -> Vec<Finding> {
             "CRIU 4.2 or later is what this project tests: sudo scripts/install-criu.sh",
         ),
         Some((_, _, v)) => ok("criu", format!("{} (CRIU {v})", bin.display())),
-    });
-    let (dir, why) = plugin_dir();
+    }
+}
+
+/// The plugin in CRIU's plugin directory, and that it is one (its descriptor symbol).
+fn plugin(dir: &Path, why: &str) -> Finding {
     let plugin = dir.join("criu_gpu_plugin.so");
-    f.push(match std::fs::read(&plugin) {
+    match std::fs::read(&plugin) {
         Err(e) => problem(
             "plugin",
             Status::Fail,
@@ -199,9 +209,13 @@ fn criu() -> Vec<Finding> {
             "reinstall it: sudo scripts/install.sh",
         ),
         Ok(_) => ok("plugin", format!("{} ({why})", plugin.display())),
-    });
-    // A distribution's older CRIU reads the same plugin directory: it refuses a plugin with more
-    // hooks than it knows ("Corrupted plugin"), and with it every command.
+    }
+}
+
+/// A distribution's older CRIU reads the same plugin directory: it refuses a plugin with more
+/// hooks than it knows ("Corrupted plugin"), and with it every command.
+fn older_criu_reading(dir: &Path, bin: &Path) -> Vec<Finding> {
+    let mut f = Vec::new();
     for c in ["/usr/sbin/criu", "/usr/bin/criu"].map(PathBuf::from) {
         if c == bin {
             continue;
@@ -224,6 +238,12 @@ fn criu() -> Vec<Finding> {
             ));
         }
     }
+    f
+}
+
+/// Other GPU plugins beside ours: CRIU offers a GPU process to the first that takes it.
+fn other_gpu_plugins(dir: &Path) -> Vec<Finding> {
+    let mut f = Vec::new();
     for other in ["cuda_plugin.so", "amdgpu_plugin.so"] {
         if dir.join(other).exists() {
             f.push(problem(

@@ -194,118 +194,25 @@ pub fn gpu_lines(gpu: &Inspection) -> Vec<String> {
     lines
 }
 
+/// One line of the report: a 13-column label, then the value.
+fn row(k: &str, v: String) {
+    out::line(format!("{k:<13}{v}"));
+}
+
+/// `criu-gpu inspect`'s text: a labelled row for each thing the report tells.
 pub fn print_report(r: &Report) {
-    let row = |k: &str, v: String| out::line(format!("{k:<13}{v}"));
     row(
         "checkpoint",
         format!("{} ({})", r.path, r.format.describe()),
     );
     if let Some(c) = &r.container {
-        let mut who = [&c.namespace, &c.pod, &c.name]
-            .iter()
-            .filter_map(|s| s.as_deref())
-            .collect::<Vec<_>>()
-            .join("/");
-        if who.is_empty() {
-            who = "?".into();
-        }
-        let mut extra = Vec::new();
-        for (k, v) in [
-            ("image", &c.image),
-            ("runtime", &c.runtime),
-            ("engine", &c.engine),
-            ("at", &c.checkpointed_at),
-        ] {
-            if let Some(v) = v {
-                extra.push(format!("{k} {v}"));
-            }
-        }
-        row("container", format!("{who} ({})", extra.join(", ")));
+        print_container(c);
     }
-    row(
-        "made by",
-        match &r.criu_version {
-            Some(v) => format!("CRIU {v}"),
-            None => "CRIU (version not recorded: the checkpoint carries no dump.log)".into(),
-        },
-    );
-    row(
-        "images",
-        format!(
-            "{} in {} files, of which memory {}",
-            bytes(r.images.bytes),
-            r.images.files,
-            bytes(r.images.memory_bytes)
-        ),
-    );
-    for f in r.images.largest.iter().take(3) {
-        row("", format!("{:>12}  {}", bytes(f.size), f.name));
-    }
-    if let Some(diff) = r
-        .other_files
-        .iter()
-        .find(|f| f.name.ends_with("rootfs-diff.tar"))
-    {
-        row("rootfs diff", bytes(diff.size));
-    }
+    print_images(r);
     match &r.gpu.cuda {
-        Some(cuda) => {
-            let version = cuda
-                .driver_version
-                .as_deref()
-                .unwrap_or("version not recorded");
-            row("CUDA driver", format!("{version}; {}", cuda.driver));
-            for g in &cuda.gpus {
-                row(
-                    "GPU there",
-                    format!("{} {} ({})", g.uuid, g.name, bytes(g.memory_total)),
-                );
-            }
-            for p in &cuda.processes {
-                let on: Vec<String> = p
-                    .gpus
-                    .iter()
-                    .map(|g| format!("{} {}", g.uuid, g.memory.map_or("?".into(), bytes)))
-                    .collect();
-                row(
-                    "process",
-                    format!(
-                        "{} ({}), {}: {}",
-                        p.ns_pid,
-                        p.comm,
-                        p.state,
-                        if on.is_empty() {
-                            "GPUs not recorded".into()
-                        } else {
-                            on.join(", ")
-                        }
-                    ),
-                );
-            }
-            for t in &r.gpu.timings {
-                row("GPU phases", phases(t));
-            }
-            for g in &cuda.memory_per_gpu {
-                row(
-                    "GPU memory",
-                    format!("{} {}", g.uuid, g.memory.map_or("?".into(), bytes)),
-                );
-            }
-        }
+        Some(cuda) => print_cuda(cuda, &r.gpu.timings),
         None => match &r.gpu.cuda_upstream {
-            Some(procs) => {
-                row(
-                    "CUDA",
-                    format!(
-                        "dumped by CRIU's {UPSTREAM} ({} process(es)); it records no GPUs or \
-                         sizes: the device memory is inside the processes' pages",
-                        procs.len()
-                    ),
-                );
-                for p in procs {
-                    row("process", format!("{} ({})", p.pid, p.comm));
-                }
-            }
+            Some(procs) => print_cuda_upstream(procs),
             None if r.gpu.rocm.is_empty() => row(
                 "GPU state",
                 "none: no process of this checkpoint held GPU state".into(),
@@ -335,6 +242,123 @@ pub fn print_report(r: &Report) {
             Some(why) => format!("REFUSED: {why}"),
         },
     );
+}
+
+/// "namespace/pod/name (image …, runtime …, engine …, at …)", of what is known.
+fn print_container(c: &ContainerInfo) {
+    let mut who = [&c.namespace, &c.pod, &c.name]
+        .iter()
+        .filter_map(|s| s.as_deref())
+        .collect::<Vec<_>>()
+        .join("/");
+    if who.is_empty() {
+        who = "?".into();
+    }
+    let mut extra = Vec::new();
+    for (k, v) in [
+        ("image", &c.image),
+        ("runtime", &c.runtime),
+        ("engine", &c.engine),
+        ("at", &c.checkpointed_at),
+    ] {
+        if let Some(v) = v {
+            extra.push(format!("{k} {v}"));
+        }
+    }
+    row("container", format!("{who} ({})", extra.join(", ")));
+}
+
+/// Which CRIU made it, and the sizes of its images (the three largest, the rootfs diff).
+fn print_images(r: &Report) {
+    row(
+        "made by",
+        match &r.criu_version {
+            Some(v) => format!("CRIU {v}"),
+            None => "CRIU (version not recorded: the checkpoint carries no dump.log)".into(),
+        },
+    );
+    row(
+        "images",
+        format!(
+            "{} in {} files, of which memory {}",
+            bytes(r.images.bytes),
+            r.images.files,
+            bytes(r.images.memory_bytes)
+        ),
+    );
+    for f in r.images.largest.iter().take(3) {
+        row("", format!("{:>12}  {}", bytes(f.size), f.name));
+    }
+    if let Some(diff) = r
+        .other_files
+        .iter()
+        .find(|f| f.name.ends_with("rootfs-diff.tar"))
+    {
+        row("rootfs diff", bytes(diff.size));
+    }
+}
+
+/// What the plugin recorded: driver, GPUs, processes, phase times and memory per GPU.
+fn print_cuda(
+    cuda: &criu_gpu_image::inspect::CudaInspection,
+    timings: &[criu_gpu_image::timings::Timings],
+) {
+    let version = cuda
+        .driver_version
+        .as_deref()
+        .unwrap_or("version not recorded");
+    row("CUDA driver", format!("{version}; {}", cuda.driver));
+    for g in &cuda.gpus {
+        row(
+            "GPU there",
+            format!("{} {} ({})", g.uuid, g.name, bytes(g.memory_total)),
+        );
+    }
+    for p in &cuda.processes {
+        let on: Vec<String> = p
+            .gpus
+            .iter()
+            .map(|g| format!("{} {}", g.uuid, g.memory.map_or("?".into(), bytes)))
+            .collect();
+        row(
+            "process",
+            format!(
+                "{} ({}), {}: {}",
+                p.ns_pid,
+                p.comm,
+                p.state,
+                if on.is_empty() {
+                    "GPUs not recorded".into()
+                } else {
+                    on.join(", ")
+                }
+            ),
+        );
+    }
+    for t in timings {
+        row("GPU phases", phases(t));
+    }
+    for g in &cuda.memory_per_gpu {
+        row(
+            "GPU memory",
+            format!("{} {}", g.uuid, g.memory.map_or("?".into(), bytes)),
+        );
+    }
+}
+
+/// A checkpoint of CRIU's own CUDA plugin: processes only, the device memory in their pages.
+fn print_cuda_upstream(procs: &[criu_gpu_image::criu_image::CudaMapper]) {
+    row(
+        "CUDA",
+        format!(
+            "dumped by CRIU's {UPSTREAM} ({} process(es)); it records no GPUs or \
+             sizes: the device memory is inside the processes' pages",
+            procs.len()
+        ),
+    );
+    for p in procs {
+        row("process", format!("{} ({})", p.pid, p.comm));
+    }
 }
 
 /// "dump: lock 0.02 s (2 processes), checkpoint 1.10 s (2 processes, 4.00 GiB)".

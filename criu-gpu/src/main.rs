@@ -1,7 +1,7 @@
 //! `criu-gpu`: the operator's command. See `criu-gpu --help`; the modules of the library do
 //! the work, this file turns the command line into calls and errors into exit statuses.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use clap::Parser;
 use criu_gpu::archive::Checkpoint;
 use criu_gpu::cli::{Cli, Command, KubeArgs, NodeCommand, SelectArgs};
 use criu_gpu::error::Error;
-use criu_gpu::node::{drain, http::Tls, restore, Access};
+use criu_gpu::node::{drain, http::Tls, restore, Access, NodeError};
 use criu_gpu::{cli, doctor, inspect, job, oci, out};
 
 fn main() -> ExitCode {
@@ -74,67 +74,35 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             dir,
             common,
             leave_running,
-        } => {
-            let o = job::dump(pid, leave_running, &job_request(dir, common, verbose))?;
-            if json {
-                out::json(&o);
-            }
-            Ok(0)
-        }
+        } => dump_command(pid, leave_running, &job_request(dir, common, verbose), json),
         Command::Restore {
             dir,
             common,
             device_map,
             truncate_grown,
-        } => {
-            let how = job::RestoreHow {
+        } => restore_command(
+            &job::RestoreHow {
                 device_map,
                 truncate_grown,
-            };
-            let o = job::restore(&how, &job_request(dir, common, verbose))?;
-            if json {
-                out::json(&o);
-            }
-            Ok(0)
-        }
+            },
+            &job_request(dir, common, verbose),
+            json,
+        ),
         Command::Check { path } => check(&path, json),
         Command::Thp { command } => with_huge_pages(&command),
-        Command::Inspect { path } => {
-            let c = Checkpoint::open(&path)?;
-            let r = inspect::report(&path, &c);
-            if json {
-                out::json(&r);
-            } else {
-                inspect::print_report(&r);
-            }
-            Ok(0)
-        }
+        Command::Inspect { path } => inspect_command(&path, json),
         Command::Doctor {
             driver,
             nvml,
             images,
-        } => {
-            for (flag, v) in [("--driver", &driver), ("--nvml", &nvml)] {
-                if v.as_deref() == Some("") {
-                    return Err(Error::Usage(format!(
-                        "{flag} was given an empty path: name the library (e.g. {flag} /usr/lib/x86_64-linux-gnu/{}), or leave the option out to use the system's",
-                        if flag == "--driver" { "libcuda.so.1" } else { "libnvidia-ml.so.1" }
-                    )));
-                }
-            }
-            let findings = doctor::run(&doctor::Options {
+        } => doctor_command(
+            &doctor::Options {
                 driver,
                 nvml,
                 image_dirs: images,
-            });
-            let ready = findings.iter().all(|f| f.status != doctor::Status::Fail);
-            if json {
-                out::json(&serde_json::json!({"ready": ready, "checks": findings}));
-            } else {
-                doctor::print(&findings);
-            }
-            Ok(if ready { 0 } else { 1 })
-        }
+            },
+            json,
+        ),
         Command::RuntimeConfig {
             files,
             template,
@@ -147,37 +115,97 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             output,
             reference,
             oci_archive,
-        } => {
-            let spec = oci::ImageSpec {
-                reference,
-                annotations: [
-                    (oci::CRIO_CHECKPOINT_NAME.to_owned(), container.clone()),
-                    ("org.criu.checkpoint.container.name".to_owned(), container),
-                ]
-                .into(),
-                runtime_config: serde_json::json!({}),
-            };
-            let io = |e: std::io::Error| Error::Refused(format!("writing the image: {e}"));
-            let layout = oci::write_layout(&output, &archive, None, &spec).map_err(io)?;
-            if let Some(a) = &oci_archive {
-                oci::pack(&output, a).map_err(io)?;
-            }
-            if json {
-                out::json(
-                    &serde_json::json!({"layout": output, "manifest": layout.manifest.digest, "layer": layout.layer.digest, "oci_archive": oci_archive}),
-                );
-            } else {
-                out::line(format!(
-                    "{}: manifest {}, layer {}",
-                    output.display(),
-                    layout.manifest.digest,
-                    layout.layer.digest
-                ));
-            }
-            Ok(0)
-        }
+        } => image_command(&archive, container, &output, reference, oci_archive, json),
         Command::Node(n) => node_command(n, json),
     }
+}
+
+/// `criu-gpu dump`.
+fn dump_command(pid: i32, leave_running: bool, r: &job::Request, json: bool) -> Result<u8, Error> {
+    let o = job::dump(pid, leave_running, r)?;
+    if json {
+        out::json(&o);
+    }
+    Ok(0)
+}
+
+/// `criu-gpu restore`.
+fn restore_command(how: &job::RestoreHow, r: &job::Request, json: bool) -> Result<u8, Error> {
+    let o = job::restore(how, r)?;
+    if json {
+        out::json(&o);
+    }
+    Ok(0)
+}
+
+/// `criu-gpu inspect`.
+fn inspect_command(path: &Path, json: bool) -> Result<u8, Error> {
+    let c = Checkpoint::open(path)?;
+    let r = inspect::report(path, &c);
+    if json {
+        out::json(&r);
+    } else {
+        inspect::print_report(&r);
+    }
+    Ok(0)
+}
+
+/// `criu-gpu doctor`: exit status 1 when a check failed.
+fn doctor_command(opts: &doctor::Options, json: bool) -> Result<u8, Error> {
+    for (flag, v) in [("--driver", &opts.driver), ("--nvml", &opts.nvml)] {
+        if v.as_deref() == Some("") {
+            return Err(Error::Usage(format!(
+                "{flag} was given an empty path: name the library (e.g. {flag} /usr/lib/x86_64-linux-gnu/{}), or leave the option out to use the system's",
+                if flag == "--driver" { "libcuda.so.1" } else { "libnvidia-ml.so.1" }
+            )));
+        }
+    }
+    let findings = doctor::run(opts);
+    let ready = findings.iter().all(|f| f.status != doctor::Status::Fail);
+    if json {
+        out::json(&serde_json::json!({"ready": ready, "checks": findings}));
+    } else {
+        doctor::print(&findings);
+    }
+    Ok(if ready { 0 } else { 1 })
+}
+
+/// `criu-gpu image`: a checkpoint archive as an OCI image (layout, and archive if asked).
+fn image_command(
+    archive: &Path,
+    container: String,
+    output: &Path,
+    reference: String,
+    oci_archive: Option<PathBuf>,
+    json: bool,
+) -> Result<u8, Error> {
+    let spec = oci::ImageSpec {
+        reference,
+        annotations: [
+            (oci::CRIO_CHECKPOINT_NAME.to_owned(), container.clone()),
+            ("org.criu.checkpoint.container.name".to_owned(), container),
+        ]
+        .into(),
+        runtime_config: serde_json::json!({}),
+    };
+    let io = |e: std::io::Error| Error::Refused(format!("writing the image: {e}"));
+    let layout = oci::write_layout(output, archive, None, &spec).map_err(io)?;
+    if let Some(a) = &oci_archive {
+        oci::pack(output, a).map_err(io)?;
+    }
+    if json {
+        out::json(
+            &serde_json::json!({"layout": output, "manifest": layout.manifest.digest, "layer": layout.layer.digest, "oci_archive": oci_archive}),
+        );
+    } else {
+        out::line(format!(
+            "{}: manifest {}, layer {}",
+            output.display(),
+            layout.manifest.digest,
+            layout.layer.digest
+        ));
+    }
+    Ok(0)
 }
 
 fn check(path: &Path, json: bool) -> Result<u8, Error> {
@@ -248,14 +276,11 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
             select,
             store,
             dry_run,
-        } => {
-            let o = drain::Options {
-                store,
-                dry_run,
-                ..drain_options(&kube, &select, json)
-            };
-            drain::checkpoint(&o)
-        }
+        } => drain::checkpoint(&drain::Options {
+            store,
+            dry_run,
+            ..drain_options(&kube, &select, json)
+        }),
         NodeCommand::Drain {
             node,
             kube,
@@ -265,18 +290,15 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
             force,
             drain_timeout,
             dry_run,
-        } => {
-            let o = drain::Options {
-                node: Some(node),
-                store,
-                dry_run,
-                scale_down,
-                force,
-                drain_timeout: Duration::from_secs(drain_timeout),
-                ..drain_options(&kube, &select, json)
-            };
-            drain::drain(&o)
-        }
+        } => drain::drain(&drain::Options {
+            node: Some(node),
+            store,
+            dry_run,
+            scale_down,
+            force,
+            drain_timeout: Duration::from_secs(drain_timeout),
+            ..drain_options(&kube, &select, json)
+        }),
         NodeCommand::Restore {
             store,
             registry,
@@ -289,39 +311,44 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
             include_owned,
             kubeconfig,
             dry_run,
-        } => {
-            let ca = match &registry_cacert {
-                Some(p) => Some(std::fs::read(p).map_err(|e| {
-                    Error::Usage(format!("--registry-cacert {}: {e}", p.display()))
-                })?),
-                None => None,
-            };
-            let o = restore::Options {
-                access: Access {
-                    kubeconfig,
-                    ..Access::default()
-                },
-                store,
-                registry: Some(registry),
-                registry_tls: Tls {
-                    ca,
-                    insecure: registry_insecure,
-                    client: None,
-                },
-                registry_credentials,
-                tag,
-                node,
-                check,
-                include_owned,
-                dry_run,
-                json,
-            };
-            restore::restore(&o)
-        }
+        } => restore::restore(&restore::Options {
+            access: Access {
+                kubeconfig,
+                ..Access::default()
+            },
+            store,
+            registry: Some(registry),
+            registry_tls: Tls {
+                ca: registry_ca(registry_cacert.as_deref())?,
+                insecure: registry_insecure,
+                client: None,
+            },
+            registry_credentials,
+            tag,
+            node,
+            check,
+            include_owned,
+            dry_run,
+            json,
+        }),
     };
     summary.print(json);
+    Ok(node_exit(result, json))
+}
+
+/// The CA bundle `--registry-cacert` names.
+fn registry_ca(path: Option<&Path>) -> Result<Option<Vec<u8>>, Error> {
+    path.map(|p| {
+        std::fs::read(p)
+            .map_err(|e| Error::Usage(format!("--registry-cacert {}: {e}", p.display())))
+    })
+    .transpose()
+}
+
+/// A node command's exit status, after its summary: 1 with its error said.
+fn node_exit(result: Result<(), NodeError>, json: bool) -> u8 {
     match result {
-        Ok(()) => Ok(0),
+        Ok(()) => 0,
         Err(e) => {
             // With --json the summary carries the error; stderr gets it for the logs.
             if json {
@@ -329,7 +356,7 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
             } else {
                 out::line(format!("ERROR: {e}"));
             }
-            Ok(1)
+            1
         }
     }
 }

@@ -146,18 +146,72 @@ fn now() -> u64 {
 /// Dumps the job rooted at `pid` into `r.dir` (killing it, unless `leave_running`).
 pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobError> {
     let criu = criu(r)?;
+    let facts = read_job(pid)?;
+    let plan = show_or_refuse(dump_plan(&facts, &criu))?;
+    let args = dump_args(pid, leave_running, r, &plan)?;
+    let command = full_command(&criu, &args);
+    if r.dry_run {
+        return Ok(would_run(command, plan));
+    }
+    let ran = run_dump(&criu, &args, &command, &r.dir)?;
+    record_job(pid, &facts, &plan, &r.dir)?;
+    if !leave_running && plan.dump_args().iter().any(|a| a == "--network-lock") {
+        release_network_lock(&r.dir);
+    }
+    say_files_recorded(&r.dir);
+    let bytes = dir_bytes(&r.dir);
+    out::line(format!(
+        "dumped {} process(es) into {} in {:.1} s: {} of images ({})",
+        facts.members.len(),
+        r.dir.display(),
+        ran.took.as_secs_f64(),
+        crate::human::bytes(bytes),
+        crate::human::gbps(bytes, ran.took)
+    ));
+    Ok(Outcome {
+        command,
+        dry_run: false,
+        plan,
+        seconds: ran.took.as_secs_f64(),
+        image_bytes: Some(bytes),
+        restored_root: None,
+    })
+}
+
+/// The job's processes, with which of them hold CUDA state confirmed.
+fn read_job(pid: i32) -> Result<JobFacts, JobError> {
     let mut facts = JobFacts::read(pid).ok_or(JobError::NoProcess(pid))?;
     facts.confirm_cuda();
+    Ok(facts)
+}
+
+/// The options the job needs; a network lock only when it has connections to keep.
+fn dump_plan(facts: &JobFacts, criu: &Path) -> Plan {
     let lock = if facts.established().next().is_some() {
-        crate::netlock::NodeLocks::probe(&criu).choose()
+        crate::netlock::NodeLocks::probe(criu).choose()
     } else {
         None
     };
-    let plan = Plan::make(&facts, lock, ring_support(&criu));
+    Plan::make(facts, lock, ring_support(criu))
+}
+
+/// Says the plan; refuses it when it has problems, before anything is done.
+fn show_or_refuse(plan: Plan) -> Result<Plan, JobError> {
     show_plan(&plan);
-    if !plan.problems.is_empty() {
-        return Err(JobError::Refused(plan.problems));
+    if plan.problems.is_empty() {
+        Ok(plan)
+    } else {
+        Err(JobError::Refused(plan.problems))
     }
+}
+
+/// CRIU's arguments for the dump (without CRIU itself).
+fn dump_args(
+    pid: i32,
+    leave_running: bool,
+    r: &Request,
+    plan: &Plan,
+) -> Result<Vec<String>, JobError> {
     let mut args: Vec<String> = ["dump", "-t", &pid.to_string(), "-D"]
         .map(str::to_owned)
         .to_vec();
@@ -176,26 +230,43 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
     args.push("--action-script".into());
     args.push(me.display().to_string());
     args.extend(r.extra.iter().cloned());
+    Ok(args)
+}
+
+/// CRIU and its arguments: the command as said and as reported.
+fn full_command(criu: &Path, args: &[String]) -> Vec<String> {
     let mut command = vec![criu.display().to_string()];
     command.extend(args.iter().cloned());
-    if r.dry_run {
-        out::line(format!("would run: {}", command.join(" ")));
-        return Ok(Outcome {
-            command,
-            dry_run: true,
-            plan,
-            seconds: 0.0,
-            image_bytes: None,
-            restored_root: None,
-        });
+    command
+}
+
+/// A dry run: says the command and does nothing.
+fn would_run(command: Vec<String>, plan: Plan) -> Outcome {
+    out::line(format!("would run: {}", command.join(" ")));
+    Outcome {
+        command,
+        dry_run: true,
+        plan,
+        seconds: 0.0,
+        image_bytes: None,
+        restored_root: None,
     }
+}
+
+/// Runs CRIU's dump into `dir`; its failure leaves the job running (the plugin puts it back).
+fn run_dump(
+    criu: &Path,
+    args: &[String],
+    command: &[String],
+    dir: &Path,
+) -> Result<run::Ran, JobError> {
     let io = |what: &str| {
         let what = what.to_owned();
         move |source| JobError::Io { what, source }
     };
-    std::fs::create_dir_all(&r.dir).map_err(io("creating the image directory"))?;
+    std::fs::create_dir_all(dir).map_err(io("creating the image directory"))?;
     out::line(format!("running: {}", command.join(" ")));
-    let ran = run::criu(&criu, &args, &[], &r.dir.join("dump.log"), "dumping", LIMIT)
+    let ran = run::criu(criu, args, &[], &dir.join("dump.log"), "dumping", LIMIT)
         .map_err(io("running criu"))?;
     if !ran.ok {
         return Err(JobError::Failed {
@@ -203,10 +274,15 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
             status: ran.status,
             after: "the job's processes are left running as they were: the plugin puts their \
                     GPU state back",
-            log: r.dir.join("dump.log").display().to_string(),
+            log: dir.join("dump.log").display().to_string(),
             errors: ran.errors,
         });
     }
+    Ok(ran)
+}
+
+/// The record a restore reads: the job's processes, listeners and the options to restore with.
+fn record_job(pid: i32, facts: &JobFacts, plan: &Plan, dir: &Path) -> Result<(), JobError> {
     JobRecord {
         root: pid,
         members: facts
@@ -218,11 +294,13 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
         restore_args: plan.restore_args(),
         dumped_at: now(),
     }
-    .write(&r.dir)?;
-    if !leave_running && plan.dump_args().iter().any(|a| a == "--network-lock") {
-        release_network_lock(&r.dir);
-    }
-    match files::FilesRecord::read(&r.dir) {
+    .write(dir)?;
+    Ok(())
+}
+
+/// Whether the action script recorded the job's files (a restore after they changed needs it).
+fn say_files_recorded(dir: &Path) {
+    match files::FilesRecord::read(dir) {
         Ok(Some(f)) => out::line(format!(
             "recorded the job's {} open file(s) for a later restore ({} hashed in {:.3} s while \
              the job was frozen)",
@@ -235,23 +313,6 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
              they changed names them but cannot cut them back",
         ),
     }
-    let bytes = dir_bytes(&r.dir);
-    out::line(format!(
-        "dumped {} process(es) into {} in {:.1} s: {} of images ({})",
-        facts.members.len(),
-        r.dir.display(),
-        ran.took.as_secs_f64(),
-        crate::human::bytes(bytes),
-        crate::human::gbps(bytes, ran.took)
-    ));
-    Ok(Outcome {
-        command,
-        dry_run: false,
-        plan,
-        seconds: ran.took.as_secs_f64(),
-        image_bytes: Some(bytes),
-        restored_root: None,
-    })
 }
 
 /// CRIU keeps the job's connections locked after a dump that ended the tasks, for their restore
@@ -438,103 +499,19 @@ pub fn restore(how: &RestoreHow, r: &Request) -> Result<Outcome, JobError> {
     let criu = criu(r)?;
     let rec =
         JobRecord::read(&r.dir)?.ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
-    let mut env = Vec::new();
-    if let Some(map) = &how.device_map {
-        env.push(("CRIU_GPU_DEVICE_MAP".to_owned(), map.clone()));
-        // The node check below reads the settings the plugin will read.
-        std::env::set_var("CRIU_GPU_DEVICE_MAP", map);
-    }
-    let mut plan = Plan {
-        common: Vec::new(),
-        dump: Vec::new(),
-        problems: restore_problems(&rec),
-        notes: Vec::new(),
-    };
-    file_problems(&r.dir, how.truncate_grown, &mut plan);
-    criu_gpu_image::settings::export_file_settings();
-    if let Err(e) = criu_gpu_image::node::check(&r.dir, false) {
-        plan.problems.push(Problem {
-            what: e.to_string(),
-            fix: String::new(),
-        });
-    }
-    let mut args: Vec<String> = vec!["restore".into(), "-D".into(), r.dir.display().to_string()];
-    args.extend(
-        [
-            "-d",
-            "--pidfile",
-            "restore.pid",
-            verbosity(r),
-            "-o",
-            "restore.log",
-        ]
-        .map(str::to_owned),
-    );
-    args.extend(rec.restore_args.iter().cloned());
-    args.extend(r.extra.iter().cloned());
-    if !rec.restore_args.is_empty() {
-        plan.notes.push(format!(
-            "restore options as dumped: {}",
-            rec.restore_args.join(" ")
-        ));
-    }
-    show_plan(&plan);
-    if !plan.problems.is_empty() {
-        return Err(JobError::Refused(plan.problems));
-    }
-    let mut command = vec![criu.display().to_string()];
-    command.extend(args.iter().cloned());
+    let env = device_map_env(how);
+    let plan = restore_plan(&rec, how, &r.dir);
+    let args = restore_args(&rec, r);
+    let plan = show_or_refuse(plan)?;
+    let command = full_command(&criu, &args);
     if r.dry_run {
-        out::line(format!("would run: {}", command.join(" ")));
-        return Ok(Outcome {
-            command,
-            dry_run: true,
-            plan,
-            seconds: 0.0,
-            image_bytes: None,
-            restored_root: None,
-        });
+        return Ok(would_run(command, plan));
     }
     if how.truncate_grown {
-        let cut = files::cut_back(&r.dir).map_err(|e| JobError::Io {
-            what: "cutting the job's files back".into(),
-            source: std::io::Error::other(e),
-        })?;
-        for (path, change) in cut {
-            if let files::Change::Grew { from, to } = change {
-                out::line(format!(
-                    "cut {} back from {to} to {from} bytes",
-                    path.display()
-                ));
-            }
-        }
+        cut_back_grown(&r.dir)?;
     }
-    out::line(format!("running: {}", command.join(" ")));
-    let pidfile = r.dir.join("restore.pid");
-    let _ = std::fs::remove_file(&pidfile);
-    let ran = run::criu(
-        &criu,
-        &args,
-        &env,
-        &r.dir.join("restore.log"),
-        "restoring",
-        LIMIT,
-    )
-    .map_err(|source| JobError::Io {
-        what: "running criu".into(),
-        source,
-    })?;
-    if !ran.ok {
-        return Err(JobError::Failed {
-            phase: "restore",
-            status: ran.status,
-            after: "nothing of the job was left running and the images are unchanged: fix the \
-                    cause and run criu-gpu restore again",
-            log: r.dir.join("restore.log").display().to_string(),
-            errors: ran.errors,
-        });
-    }
-    let root = std::fs::read_to_string(&pidfile)
+    let ran = run_restore(&criu, &args, &env, &command, &r.dir)?;
+    let root = std::fs::read_to_string(r.dir.join("restore.pid"))
         .ok()
         .and_then(|t| t.trim().parse().ok());
     out::line(format!(
@@ -553,4 +530,112 @@ pub fn restore(how: &RestoreHow, r: &Request) -> Result<Outcome, JobError> {
         image_bytes: None,
         restored_root: root,
     })
+}
+
+/// The plugin's environment for a restore onto other GPUs.
+fn device_map_env(how: &RestoreHow) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    if let Some(map) = &how.device_map {
+        env.push(("CRIU_GPU_DEVICE_MAP".to_owned(), map.clone()));
+        // The node check below reads the settings the plugin will read.
+        std::env::set_var("CRIU_GPU_DEVICE_MAP", map);
+    }
+    env
+}
+
+/// What stands in the way of the restore: pids and ports, changed files, this node's GPUs.
+fn restore_plan(rec: &JobRecord, how: &RestoreHow, dir: &Path) -> Plan {
+    let mut plan = Plan {
+        common: Vec::new(),
+        dump: Vec::new(),
+        problems: restore_problems(rec),
+        notes: Vec::new(),
+    };
+    file_problems(dir, how.truncate_grown, &mut plan);
+    criu_gpu_image::settings::export_file_settings();
+    if let Err(e) = criu_gpu_image::node::check(dir, false) {
+        plan.problems.push(Problem {
+            what: e.to_string(),
+            fix: String::new(),
+        });
+    }
+    if !rec.restore_args.is_empty() {
+        plan.notes.push(format!(
+            "restore options as dumped: {}",
+            rec.restore_args.join(" ")
+        ));
+    }
+    plan
+}
+
+/// CRIU's arguments for the restore (without CRIU itself): the options the job was dumped with.
+fn restore_args(rec: &JobRecord, r: &Request) -> Vec<String> {
+    let mut args: Vec<String> = vec!["restore".into(), "-D".into(), r.dir.display().to_string()];
+    args.extend(
+        [
+            "-d",
+            "--pidfile",
+            "restore.pid",
+            verbosity(r),
+            "-o",
+            "restore.log",
+        ]
+        .map(str::to_owned),
+    );
+    args.extend(rec.restore_args.iter().cloned());
+    args.extend(r.extra.iter().cloned());
+    args
+}
+
+/// Cuts the files that only grew since the snapshot back to their size then.
+fn cut_back_grown(dir: &Path) -> Result<(), JobError> {
+    let cut = files::cut_back(dir).map_err(|e| JobError::Io {
+        what: "cutting the job's files back".into(),
+        source: std::io::Error::other(e),
+    })?;
+    for (path, change) in cut {
+        if let files::Change::Grew { from, to } = change {
+            out::line(format!(
+                "cut {} back from {to} to {from} bytes",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs CRIU's restore from `dir`; its failure leaves nothing running and the images as they were.
+fn run_restore(
+    criu: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    command: &[String],
+    dir: &Path,
+) -> Result<run::Ran, JobError> {
+    out::line(format!("running: {}", command.join(" ")));
+    // The pid file CRIU writes is how the restored root is found: none is left from before.
+    let _ = std::fs::remove_file(dir.join("restore.pid"));
+    let ran = run::criu(
+        criu,
+        args,
+        env,
+        &dir.join("restore.log"),
+        "restoring",
+        LIMIT,
+    )
+    .map_err(|source| JobError::Io {
+        what: "running criu".into(),
+        source,
+    })?;
+    if !ran.ok {
+        return Err(JobError::Failed {
+            phase: "restore",
+            status: ran.status,
+            after: "nothing of the job was left running and the images are unchanged: fix the \
+                    cause and run criu-gpu restore again",
+            log: dir.join("restore.log").display().to_string(),
+            errors: ran.errors,
+        });
+    }
+    Ok(ran)
 }

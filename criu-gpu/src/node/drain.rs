@@ -132,56 +132,89 @@ fn save(
 ) -> Result<Option<Store>, NodeError> {
     let store = match &o.store {
         Some(dir) => {
-            let mut m = Manifest {
-                node: o.node.clone(),
-                kubelet: kubelet.ep.base.clone(),
-                state: "checkpointing".into(),
-                ..Manifest::default()
-            };
-            for t in &plan.targets {
-                let key = (t.namespace.clone(), t.pod.clone());
-                let idx = match m
-                    .pods
-                    .iter()
-                    .position(|p| (p.namespace.clone(), p.name.clone()) == key)
-                {
-                    Some(i) => i,
-                    None => {
-                        let pod = pod_of(&plan.pods, &t.namespace, &t.pod)
-                            .cloned()
-                            .unwrap_or_default();
-                        m.pods.push(PodRecord {
-                            namespace: t.namespace.clone(),
-                            name: t.pod.clone(),
-                            uid: pod["metadata"]["uid"]
-                                .as_str()
-                                .unwrap_or_default()
-                                .to_owned(),
-                            spec: pods::clean_pod(&pod),
-                            controller: controllers.get(&key).cloned(),
-                            containers: Vec::new(),
-                        });
-                        m.pods.len() - 1
-                    }
-                };
-                m.pods[idx].containers.push(ContainerRecord {
-                    name: t.container.clone(),
-                    ..ContainerRecord::default()
-                });
-            }
-            let store = Store::create(dir, m)?;
+            let store = Store::create(dir, manifest(o, kubelet, plan, controllers))?;
             s.manifest = Some(dir.join(super::store::MANIFEST).display().to_string());
             Some(store)
         }
         None => None,
     };
+    let failed = checkpoint_targets(o, kubelet, store.as_ref(), plan, s);
+    if let Some(st) = &store {
+        st.update(|m| {
+            m.state = if failed == 0 {
+                "checkpointed".into()
+            } else {
+                "failed".into()
+            }
+        })?;
+    }
+    if failed > 0 {
+        return Err(NodeError::Failed(format!(
+            "{failed} GPU container(s) could not be checkpointed"
+        )));
+    }
+    Ok(store)
+}
+
+/// The store's manifest before the checkpoints: each pod once (its spec and controller, for the
+/// restore), with its containers to checkpoint.
+fn manifest(o: &Options, kubelet: &Kubelet, plan: &Plan, controllers: &Controllers) -> Manifest {
+    let mut m = Manifest {
+        node: o.node.clone(),
+        kubelet: kubelet.ep.base.clone(),
+        state: "checkpointing".into(),
+        ..Manifest::default()
+    };
+    for t in &plan.targets {
+        let key = (t.namespace.clone(), t.pod.clone());
+        let idx = match m
+            .pods
+            .iter()
+            .position(|p| (p.namespace.clone(), p.name.clone()) == key)
+        {
+            Some(i) => i,
+            None => {
+                let pod = pod_of(&plan.pods, &t.namespace, &t.pod)
+                    .cloned()
+                    .unwrap_or_default();
+                m.pods.push(PodRecord {
+                    namespace: t.namespace.clone(),
+                    name: t.pod.clone(),
+                    uid: pod["metadata"]["uid"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    spec: pods::clean_pod(&pod),
+                    controller: controllers.get(&key).cloned(),
+                    containers: Vec::new(),
+                });
+                m.pods.len() - 1
+            }
+        };
+        m.pods[idx].containers.push(ContainerRecord {
+            name: t.container.clone(),
+            ..ContainerRecord::default()
+        });
+    }
+    m
+}
+
+/// Checkpoints every target (`o.parallel` at a time, with a progress board) and records each
+/// outcome in the summary; returns how many failed.
+fn checkpoint_targets(
+    o: &Options,
+    kubelet: &Kubelet,
+    store: Option<&Store>,
+    plan: &Plan,
+    s: &mut Summary,
+) -> usize {
     let labels = plan
         .targets
         .iter()
         .map(|t| format!("{}/{}/{}", t.namespace, t.pod, t.container))
         .collect();
     let board = Board::new(labels, o.json);
-    let results = checkpoint::all(kubelet, store.as_ref(), &plan.targets, o.parallel, &board);
+    let results = checkpoint::all(kubelet, store, &plan.targets, o.parallel, &board);
     let (bytes, took) = board.finish();
     s.timing(bytes, took);
     let mut failed = 0;
@@ -203,21 +236,7 @@ fn save(
             error,
         });
     }
-    if let Some(st) = &store {
-        st.update(|m| {
-            m.state = if failed == 0 {
-                "checkpointed".into()
-            } else {
-                "failed".into()
-            }
-        })?;
-    }
-    if failed > 0 {
-        return Err(NodeError::Failed(format!(
-            "{failed} GPU container(s) could not be checkpointed"
-        )));
-    }
-    Ok(store)
+    failed
 }
 
 /// `node drain NODE`.

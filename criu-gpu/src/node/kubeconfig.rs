@@ -114,14 +114,7 @@ fn from_file(path: &Path) -> Result<Cluster, NodeError> {
 /// The current context of a kubeconfig document; relative file names are under `base`.
 pub fn parse(doc: &Value, base: &Path, source: &str) -> Result<Cluster, NodeError> {
     let context_name = doc["current-context"].as_str().unwrap_or_default();
-    let named = |list: &str, name: &str| -> Option<Value> {
-        doc[list]
-            .as_array()?
-            .iter()
-            .find(|e| e["name"].as_str() == Some(name))
-            .cloned()
-    };
-    let context = named("contexts", context_name).ok_or_else(|| {
+    let context = named(doc, "contexts", context_name).ok_or_else(|| {
         config_err(
             source,
             format!("no context {context_name:?} (current-context)"),
@@ -129,55 +122,14 @@ pub fn parse(doc: &Value, base: &Path, source: &str) -> Result<Cluster, NodeErro
     })?;
     let cluster_name = context["context"]["cluster"].as_str().unwrap_or_default();
     let user_name = context["context"]["user"].as_str().unwrap_or_default();
-    let cluster = named("clusters", cluster_name)
+    let cluster = named(doc, "clusters", cluster_name)
         .ok_or_else(|| config_err(source, format!("no cluster {cluster_name:?}")))?;
     let cluster = &cluster["cluster"];
-    let user = named("users", user_name).unwrap_or_default();
+    let user = named(doc, "users", user_name).unwrap_or_default();
     let user = &user["user"];
-    let file_or_data =
-        |v: &Value, file_key: &str, data_key: &str| -> Result<Option<Vec<u8>>, NodeError> {
-            if let Some(data) = v[data_key].as_str() {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(data.trim())
-                    .map_err(|e| config_err(source, format!("{data_key} is not base64: {e}")))?;
-                return Ok(Some(bytes));
-            }
-            match v[file_key].as_str() {
-                Some(f) => {
-                    let p = base.join(f);
-                    std::fs::read(&p)
-                        .map(Some)
-                        .map_err(|e| config_err(source, format!("{file_key} {}: {e}", p.display())))
-                }
-                None => Ok(None),
-            }
-        };
-    if user.get("exec").is_some() || user.get("auth-provider").is_some() {
-        return Err(config_err(
-            source,
-            format!(
-                "user {user_name:?} authenticates through an exec plugin or auth provider, which criu-gpu does not run; \
-                 give a service account token instead: --token-file FILE (kubectl create token NAME)"
-            ),
-        ));
-    }
-    let token = match (user["token"].as_str(), user["tokenFile"].as_str()) {
-        (Some(t), _) => Some(t.to_owned()),
-        (None, Some(f)) => Some(
-            std::fs::read_to_string(base.join(f))
-                .map_err(|e| config_err(source, format!("tokenFile {f}: {e}")))?
-                .trim()
-                .to_owned(),
-        ),
-        _ => None,
-    };
-    let client = match (
-        file_or_data(user, "client-certificate", "client-certificate-data")?,
-        file_or_data(user, "client-key", "client-key-data")?,
-    ) {
-        (Some(c), Some(k)) => Some((c, k)),
-        _ => None,
-    };
+    refuse_plugins(user, user_name, source)?;
+    let token = token(user, base, source)?;
+    let client = client_certificate(user, base, source)?;
     let server = cluster["server"]
         .as_str()
         .ok_or_else(|| config_err(source, format!("cluster {cluster_name:?} has no server")))?;
@@ -188,6 +140,8 @@ pub fn parse(doc: &Value, base: &Path, source: &str) -> Result<Cluster, NodeErro
                 cluster,
                 "certificate-authority",
                 "certificate-authority-data",
+                base,
+                source,
             )?,
             insecure: cluster["insecure-skip-tls-verify"]
                 .as_bool()
@@ -197,6 +151,94 @@ pub fn parse(doc: &Value, base: &Path, source: &str) -> Result<Cluster, NodeErro
         token,
         source: source.to_owned(),
     })
+}
+
+/// The entry called `name` of the document's list `list` (contexts, clusters, users).
+fn named(doc: &Value, list: &str, name: &str) -> Option<Value> {
+    doc[list]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"].as_str() == Some(name))
+        .cloned()
+}
+
+/// Bytes given inline (`data_key`, base64) or in a file (`file_key`, under `base`).
+fn file_or_data(
+    v: &Value,
+    file_key: &str,
+    data_key: &str,
+    base: &Path,
+    source: &str,
+) -> Result<Option<Vec<u8>>, NodeError> {
+    if let Some(data) = v[data_key].as_str() {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|e| config_err(source, format!("{data_key} is not base64: {e}")))?;
+        return Ok(Some(bytes));
+    }
+    match v[file_key].as_str() {
+        Some(f) => {
+            let p = base.join(f);
+            std::fs::read(&p)
+                .map(Some)
+                .map_err(|e| config_err(source, format!("{file_key} {}: {e}", p.display())))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Users that log in through a program criu-gpu would have to run: refused, with what works.
+fn refuse_plugins(user: &Value, user_name: &str, source: &str) -> Result<(), NodeError> {
+    if user.get("exec").is_some() || user.get("auth-provider").is_some() {
+        return Err(config_err(
+            source,
+            format!(
+                "user {user_name:?} authenticates through an exec plugin or auth provider, which criu-gpu does not run; \
+                 give a service account token instead: --token-file FILE (kubectl create token NAME)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The user's bearer token: inline, or in its `tokenFile`.
+fn token(user: &Value, base: &Path, source: &str) -> Result<Option<String>, NodeError> {
+    Ok(match (user["token"].as_str(), user["tokenFile"].as_str()) {
+        (Some(t), _) => Some(t.to_owned()),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(base.join(f))
+                .map_err(|e| config_err(source, format!("tokenFile {f}: {e}")))?
+                .trim()
+                .to_owned(),
+        ),
+        _ => None,
+    })
+}
+
+/// A client certificate chain and its key, PEM (what `Tls::client` holds).
+type CertAndKey = (Vec<u8>, Vec<u8>);
+
+/// The user's client certificate and key, when it has both.
+fn client_certificate(
+    user: &Value,
+    base: &Path,
+    source: &str,
+) -> Result<Option<CertAndKey>, NodeError> {
+    Ok(
+        match (
+            file_or_data(
+                user,
+                "client-certificate",
+                "client-certificate-data",
+                base,
+                source,
+            )?,
+            file_or_data(user, "client-key", "client-key-data", base, source)?,
+        ) {
+            (Some(c), Some(k)) => Some((c, k)),
+            _ => None,
+        },
+    )
 }
 
 #[cfg(test)]

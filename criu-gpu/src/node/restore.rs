@@ -5,14 +5,14 @@
 //! fresh copies.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use super::http::Tls;
-use super::kube::Controller;
+use super::kube::{Api, Controller};
 use super::registry::Registry;
-use super::store::{PodRecord, Status, Store};
+use super::store::{ContainerRecord, Manifest, PodRecord, Status, Store};
 use super::{Access, NodeError, Outcome, Summary};
 use crate::oci::{self, ImageSpec, CRIO_CHECKPOINT_NAME};
 
@@ -62,6 +62,29 @@ fn run(o: &Options, s: &mut Summary) -> Result<(), NodeError> {
     let store = Store::open(&o.store)?;
     s.manifest = Some(store.dir.join(super::store::MANIFEST).display().to_string());
     let m = store.snapshot();
+    say_saved(&store, &m, o, s);
+    let location = o.registry.as_deref().ok_or_else(|| {
+        NodeError::Config("--registry is needed: where to push the checkpoint images".into())
+    })?;
+    let registry = Registry::new(location, &o.registry_tls, credentials(o)?)?;
+    let api = if o.dry_run {
+        None
+    } else {
+        Some(o.access.api()?)
+    };
+    let restored = restore_pods(o, &store, &registry, api.as_ref(), &m, s);
+    scale_back(o, api.as_ref(), &m, &restored, s)?;
+    let failed = s.containers.iter().filter(|c| !c.ok).count();
+    if failed > 0 {
+        return Err(NodeError::Failed(format!(
+            "{failed} container(s) not restored; see above"
+        )));
+    }
+    Ok(())
+}
+
+/// How many containers the store holds ready to restore.
+fn say_saved(store: &Store, m: &Manifest, o: &Options, s: &mut Summary) {
     let saved: usize = m
         .pods
         .iter()
@@ -76,45 +99,62 @@ fn run(o: &Options, s: &mut Summary) -> Result<(), NodeError> {
         ),
         o.json,
     );
-    let location = o.registry.as_deref().ok_or_else(|| {
-        NodeError::Config("--registry is needed: where to push the checkpoint images".into())
-    })?;
-    let registry = Registry::new(location, &o.registry_tls, credentials(o)?)?;
-    let api = if o.dry_run {
-        None
-    } else {
-        Some(o.access.api()?)
-    };
+}
+
+/// Restores each pod of the store, going on past the ones that fail; returns those restored
+/// (namespace, name).
+fn restore_pods(
+    o: &Options,
+    store: &Store,
+    registry: &Registry,
+    api: Option<&Api>,
+    m: &Manifest,
+    s: &mut Summary,
+) -> Vec<(String, String)> {
     let mut restored: Vec<(String, String)> = Vec::new();
     for pod in &m.pods {
         let before = s.containers.len();
-        let result = restore_pod(o, &store, &registry, api.as_ref(), &m.scaled_down, pod, s);
+        let result = restore_pod(o, store, registry, api, &m.scaled_down, pod, s);
         match result {
             Ok(()) => restored.push((pod.namespace.clone(), pod.name.clone())),
-            Err(e) => {
-                let why = e.to_string();
-                // Containers not reported yet share the pod's failure.
-                for c in &pod.containers {
-                    if !s.containers[before..].iter().any(|o| o.container == c.name) {
-                        s.containers
-                            .push(outcome(pod, &c.name, None, Some(why.clone())));
-                    } else if let Some(x) = s.containers[before..]
-                        .iter_mut()
-                        .find(|o| o.container == c.name && o.ok)
-                    {
-                        x.ok = false;
-                        x.error = Some(format!("pod not created: {why}"));
-                    }
-                }
-                let line = format!("{}/{}: FAILED: {why}", pod.namespace, pod.name);
-                if o.json {
-                    eprintln!("{line}");
-                } else {
-                    crate::out::line(line);
-                }
-            }
+            Err(e) => pod_failed(o, pod, before, &e.to_string(), s),
         }
     }
+    restored
+}
+
+/// Records a pod's failure: on its containers reported since `before`, and said.
+fn pod_failed(o: &Options, pod: &PodRecord, before: usize, why: &str, s: &mut Summary) {
+    // Containers not reported yet share the pod's failure.
+    for c in &pod.containers {
+        if !s.containers[before..].iter().any(|o| o.container == c.name) {
+            s.containers
+                .push(outcome(pod, &c.name, None, Some(why.to_owned())));
+        } else if let Some(x) = s.containers[before..]
+            .iter_mut()
+            .find(|o| o.container == c.name && o.ok)
+        {
+            x.ok = false;
+            x.error = Some(format!("pod not created: {why}"));
+        }
+    }
+    let line = format!("{}/{}: FAILED: {why}", pod.namespace, pod.name);
+    if o.json {
+        eprintln!("{line}");
+    } else {
+        crate::out::line(line);
+    }
+}
+
+/// Scales the controllers the drain scaled down back up, each only once all its pods are back
+/// (it adopts them then, instead of starting fresh copies).
+fn scale_back(
+    o: &Options,
+    api: Option<&Api>,
+    m: &Manifest,
+    restored: &[(String, String)],
+    s: &mut Summary,
+) -> Result<(), NodeError> {
     for c in &m.scaled_down {
         let all_back = m
             .pods
@@ -129,7 +169,7 @@ fn run(o: &Options, s: &mut Summary) -> Result<(), NodeError> {
                 ),
                 o.json,
             );
-        } else if let Some(api) = &api {
+        } else if let Some(api) = api {
             api.scale(c, c.replicas)?;
             s.step(
                 format!(
@@ -150,12 +190,6 @@ fn run(o: &Options, s: &mut Summary) -> Result<(), NodeError> {
             );
         }
     }
-    let failed = s.containers.iter().filter(|c| !c.ok).count();
-    if failed > 0 {
-        return Err(NodeError::Failed(format!(
-            "{failed} container(s) not restored; see above"
-        )));
-    }
     Ok(())
 }
 
@@ -175,10 +209,46 @@ fn restore_pod(
     o: &Options,
     store: &Store,
     registry: &Registry,
-    api: Option<&super::kube::Api>,
+    api: Option<&Api>,
     scaled_down: &[Controller],
     pod: &PodRecord,
     s: &mut Summary,
+) -> Result<(), NodeError> {
+    refuse_unrestorable(o, scaled_down, pod)?;
+    let mut images = BTreeMap::new();
+    for c in &pod.containers {
+        let image = checkpoint_image(o, store, registry, pod, c, s)?;
+        images.insert(c.name.clone(), image);
+    }
+    let spec = pod_spec(pod, &images, o.node.as_deref());
+    let Some(api) = api else {
+        s.step(
+            format!(
+                "would create pod {}/{}{}",
+                pod.namespace,
+                pod.name,
+                o.node
+                    .as_deref()
+                    .map(|n| format!(" on {n}"))
+                    .unwrap_or_default()
+            ),
+            o.json,
+        );
+        for c in &pod.containers {
+            s.containers
+                .push(outcome(pod, &c.name, images.get(&c.name).cloned(), None));
+        }
+        return Ok(());
+    };
+    create_pod(o, store, api, pod, &spec, s)
+}
+
+/// A pod a restore would duplicate (its controller still runs it) or cannot make whole (a
+/// container not saved).
+fn refuse_unrestorable(
+    o: &Options,
+    scaled_down: &[Controller],
+    pod: &PodRecord,
 ) -> Result<(), NodeError> {
     if let Some(c) = &pod.controller {
         if !scaled_down.contains(c) && !o.include_owned {
@@ -200,69 +270,86 @@ fn restore_pod(
                 .unwrap_or_default()
         )));
     }
-    let mut spec = pod.spec.clone();
-    let mut images = BTreeMap::new();
-    for c in &pod.containers {
-        let archive = store.resolve(c.archive.as_deref().unwrap_or_default());
-        if !archive.is_file() {
-            return Err(NodeError::Failed(format!(
-                "the archive {} is missing from the store",
-                archive.display()
-            )));
-        }
-        let repo =
-            registry.repository(&format!("checkpoint-{}-{}", pod.name, c.name).to_lowercase());
-        let reference = format!(
-            "{}/{repo}:{}",
-            registry.image_prefix.split('/').next().unwrap_or_default(),
-            o.tag
-        );
-        if o.dry_run {
-            s.step(
-                format!(
-                    "would build {reference} from {} and push it",
-                    archive.display()
-                ),
-                o.json,
-            );
-            images.insert(c.name.clone(), reference);
-            continue;
-        }
-        if o.check {
-            let ck = crate::archive::Checkpoint::open(&archive)
-                .map_err(|e| NodeError::Failed(e.to_string()))?;
-            let v = crate::inspect::verdict(&ck);
-            if let Some(why) = v.reason {
-                return Err(NodeError::Refused(format!(
-                    "this node cannot restore {}: {why}",
-                    c.name
-                )));
-            }
-        }
-        let dir = store
-            .dir
-            .join("images")
-            .join(format!("{}-{}-{}", pod.namespace, pod.name, c.name));
-        let layout = oci::write_layout(&dir, &archive, None, &image_spec(pod, &c.name, &reference))
-            .map_err(|e| NodeError::store(&dir, e))?;
-        if let Some(want) = &c.sha256 {
-            if &layout.layer.digest != want {
-                return Err(NodeError::Failed(format!(
-                    "{} changed since it was saved (sha256 {}, recorded {want}): copy it again from the node",
-                    archive.display(),
-                    layout.layer.digest
-                )));
-            }
-        }
-        let pushed = registry.push(&layout, &repo, &o.tag)?;
+    Ok(())
+}
+
+/// The checkpoint image of container `c`, built from its archive and pushed (with a dry run,
+/// the reference it would have); returns the image to run.
+fn checkpoint_image(
+    o: &Options,
+    store: &Store,
+    registry: &Registry,
+    pod: &PodRecord,
+    c: &ContainerRecord,
+    s: &mut Summary,
+) -> Result<String, NodeError> {
+    let archive = store.resolve(c.archive.as_deref().unwrap_or_default());
+    if !archive.is_file() {
+        return Err(NodeError::Failed(format!(
+            "the archive {} is missing from the store",
+            archive.display()
+        )));
+    }
+    let repo = registry.repository(&format!("checkpoint-{}-{}", pod.name, c.name).to_lowercase());
+    let reference = format!(
+        "{}/{repo}:{}",
+        registry.image_prefix.split('/').next().unwrap_or_default(),
+        o.tag
+    );
+    if o.dry_run {
         s.step(
-            format!("{}/{}/{}: pushed {pushed}", pod.namespace, pod.name, c.name),
+            format!(
+                "would build {reference} from {} and push it",
+                archive.display()
+            ),
             o.json,
         );
-        s.containers
-            .push(outcome(pod, &c.name, Some(pushed.clone()), None));
-        images.insert(c.name.clone(), pushed);
+        return Ok(reference);
     }
+    if o.check {
+        refuse_unrestorable_here(&archive, &c.name)?;
+    }
+    let dir = store
+        .dir
+        .join("images")
+        .join(format!("{}-{}-{}", pod.namespace, pod.name, c.name));
+    let layout = oci::write_layout(&dir, &archive, None, &image_spec(pod, &c.name, &reference))
+        .map_err(|e| NodeError::store(&dir, e))?;
+    if let Some(want) = &c.sha256 {
+        if &layout.layer.digest != want {
+            return Err(NodeError::Failed(format!(
+                "{} changed since it was saved (sha256 {}, recorded {want}): copy it again from the node",
+                archive.display(),
+                layout.layer.digest
+            )));
+        }
+    }
+    let pushed = registry.push(&layout, &repo, &o.tag)?;
+    s.step(
+        format!("{}/{}/{}: pushed {pushed}", pod.namespace, pod.name, c.name),
+        o.json,
+    );
+    s.containers
+        .push(outcome(pod, &c.name, Some(pushed.clone()), None));
+    Ok(pushed)
+}
+
+/// `--check`: the plugin's restore checks on this node, before anything is pushed.
+fn refuse_unrestorable_here(archive: &Path, container: &str) -> Result<(), NodeError> {
+    let ck =
+        crate::archive::Checkpoint::open(archive).map_err(|e| NodeError::Failed(e.to_string()))?;
+    let v = crate::inspect::verdict(&ck);
+    if let Some(why) = v.reason {
+        return Err(NodeError::Refused(format!(
+            "this node cannot restore {container}: {why}"
+        )));
+    }
+    Ok(())
+}
+
+/// The pod as saved, running the checkpoint images (on `node`, when given).
+fn pod_spec(pod: &PodRecord, images: &BTreeMap<String, String>, node: Option<&str>) -> Value {
+    let mut spec = pod.spec.clone();
     for c in spec["spec"]["containers"]
         .as_array_mut()
         .into_iter()
@@ -272,36 +359,29 @@ fn restore_pod(
             c["image"] = Value::String(image.clone());
         }
     }
-    if let Some(node) = &o.node {
-        spec["spec"]["nodeName"] = Value::String(node.clone());
+    if let Some(node) = node {
+        spec["spec"]["nodeName"] = Value::String(node.to_owned());
     }
-    let Some(api) = api else {
-        s.step(
-            format!(
-                "would create pod {}/{}{}",
-                pod.namespace,
-                pod.name,
-                o.node
-                    .as_deref()
-                    .map(|n| format!(" on {n}"))
-                    .unwrap_or_default()
-            ),
-            o.json,
-        );
-        for c in &pod.containers {
-            s.containers
-                .push(outcome(pod, &c.name, images.get(&c.name).cloned(), None));
-        }
-        return Ok(());
-    };
+    spec
+}
+
+/// Creates the pod, its spec kept in the store first (what was asked of the API server).
+fn create_pod(
+    o: &Options,
+    store: &Store,
+    api: &Api,
+    pod: &PodRecord,
+    spec: &Value,
+    s: &mut Summary,
+) -> Result<(), NodeError> {
     let saved = store
         .dir
         .join("pods")
         .join(format!("{}-{}.json", pod.namespace, pod.name));
     let _ = std::fs::create_dir_all(store.dir.join("pods"));
-    std::fs::write(&saved, serde_json::to_vec_pretty(&spec).unwrap_or_default())
+    std::fs::write(&saved, serde_json::to_vec_pretty(spec).unwrap_or_default())
         .map_err(|e| NodeError::store(&saved, e))?;
-    api.create_pod(&pod.namespace, &spec)?;
+    api.create_pod(&pod.namespace, spec)?;
     s.step(
         format!(
             "created pod {}/{} from its checkpoint images",
