@@ -131,15 +131,12 @@ fn criu_terminated_by_a_runtime_leaves_the_app_running() {
     );
 }
 
-/// An action script: exits 1 for `fail`, SIGKILLs CRIU (its parent) for `kill`.
-fn action_script(dir: &Path, fail: &str, kill: &str) -> String {
+/// An action script that exits 1 at `action` (CRIU then reports the dump failed).
+fn failing_script(dir: &Path, action: &str) -> String {
     let path = dir.join("action.sh");
     std::fs::write(
         &path,
-        format!(
-            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = '{fail}' ] && exit 1\n\
-             [ \"$CRTOOLS_SCRIPT_ACTION\" = '{kill}' ] && kill -9 $PPID\nexit 0\n"
-        ),
+        format!("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = '{action}' ] && exit 1\nexit 0\n"),
     )
     .unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -152,7 +149,7 @@ fn a_failing_post_dump_script_leaves_nothing_checkpointed() {
     let c = Criu::new(&sim);
     let app = sim.app("app", &["--mib", "32"]);
     let images = sim.dir.join("img");
-    let script = action_script(&sim.dir, "post-dump", "none");
+    let script = failing_script(&sim.dir, "post-dump");
     let out = c.dump(&sim, app.pid, &images, &["--action-script", &script], &[]);
     assert!(!out.status.success(), "CRIU reports the script's failure");
     // Stock CRIU tells plugins the dump succeeded and resumes the tasks: the guardian sees them
@@ -164,7 +161,7 @@ fn a_failing_post_dump_script_leaves_nothing_checkpointed() {
 fn criu_killed_mid_restore_leaves_no_half_restored_tree_and_the_images_restore() {
     let (mut sim, c, app, images) = dumped("32");
     // After the memory is restored, before the GPU state is: CRIU dies.
-    let script = action_script(&sim.dir, "none", "post-restore");
+    let script = criu::killing_script(&sim.dir, "post-restore");
     let out = c.restore(&sim, &images, &["--action-script", &script], &[]);
     assert!(!out.status.success());
     let rec = guardian_log(&images, "half-restored");

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpu_ckpt_tests::criu::Criu;
+use gpu_ckpt_tests::criu::{self, Criu};
 use gpu_ckpt_tests::job::*;
 use gpu_ckpt_tests::*;
 
@@ -374,13 +374,13 @@ fn criu_killed_at_post_dump_leaves_the_job_running_with_its_gpu_state_and_connec
         assert!(wait_until(Duration::from_secs(20), stalled), "{}", r.tail());
     }
     let images = dir_of(&sim, "img");
-    let script = action_script(&sim, "kill-at-post-dump.sh", "post-dump");
+    let script = criu::killing_script(&sim.dir, "post-dump");
     let root = job.root.to_string();
     let out = criu_gpu_with(
         &sim,
         &c,
         &["dump", &root, images.to_str().unwrap()],
-        &["--action-script", script.to_str().unwrap()],
+        &["--action-script", &script],
         &[],
     );
     assert!(!out.status.success(), "criu was killed: {}", text(&out));
@@ -409,18 +409,6 @@ fn criu_killed_at_post_dump_leaves_the_job_running_with_its_gpu_state_and_connec
     job.advances(3);
 }
 
-/// A script for CRIU's --action-script that SIGKILLs CRIU at `action`.
-fn action_script(sim: &Sim, name: &str, action: &str) -> PathBuf {
-    let script = sim.dir.join(name);
-    std::fs::write(
-        &script,
-        format!("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = {action} ] && kill -9 $PPID\nexit 0\n"),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    script
-}
-
 /// CRIU killed in a restore (at pre-restore, after the plugin's init): nothing of the job is left
 /// and the same images restore again. (A restore killed while its tasks read their pages leaves
 /// the job's unlinked files, made for a moment, in the way of the next: "Can't create ghost
@@ -434,13 +422,13 @@ fn a_restore_killed_late_leaves_nothing_in_the_way_of_the_next() {
     let out = job.dump(&sim, &c, &images, &[]);
     assert!(out.status.success(), "{}", text(&out));
     job.gone();
-    let script = action_script(&sim, "kill-at-pre-restore.sh", "pre-restore");
+    let script = criu::killing_script(&sim.dir, "pre-restore");
     let snap = images.to_str().unwrap();
     let out = criu_gpu_with(
         &sim,
         &c,
         &["restore", snap],
-        &["--action-script", script.to_str().unwrap()],
+        &["--action-script", &script],
         &[],
     );
     assert!(!out.status.success(), "criu was killed: {}", text(&out));
