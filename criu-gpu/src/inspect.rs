@@ -382,9 +382,5 @@ fn phases(t: &criu_gpu_image::timings::Timings) -> String {
             format!("{} {:.2} s{what}", p.name, p.seconds)
         })
         .collect();
-    let command = serde_json::to_value(t.command)
-        .ok()
-        .and_then(|v| v.as_str().map(String::from))
-        .unwrap_or_default();
-    format!("{command}: {}", each.join(", "))
+    format!("{}: {}", t.command.name(), each.join(", "))
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::collective::{Rendezvous, PEER_WAIT};
 use crate::errors::code;
-use crate::proto::{self, DeviceDesc, Reply, Request};
+use crate::proto::{self, Answer, DeviceDesc, Reply, Request};
 
 /// One GPU of the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,7 +173,7 @@ impl Daemon {
         st.clients.remove(&id);
     }
 
-    fn handle(&self, id: u64, allocs: &mut Allocs, req: Request) -> proto::Answer {
+    fn handle(&self, id: u64, allocs: &mut Allocs, req: Request) -> Answer {
         match req {
             Request::Hello { .. } => Ok(Reply::Hello {
                 driver_version: self.driver_version.clone(),
@@ -293,7 +293,6 @@ pub fn is_running(socket: &Path) -> bool {
 
 /// A client's device allocations: device pointer to (device, bytes).
 type Allocs = HashMap<u64, (u32, Vec<u8>)>;
-type Answer = proto::Answer;
 
 /// The byte range `off..off+len` of allocation `dptr`, if it lies inside it.
 fn range(allocs: &Allocs, dptr: u64, off: u64, len: u64) -> Result<(usize, usize), u32> {

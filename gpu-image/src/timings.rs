@@ -11,11 +11,14 @@ use crate::record::{self, RecordError};
 pub const FORMAT: &str = "criu-gpu-timings";
 pub const VERSION: u32 = 1;
 
+/// The files of the dump's and the restore's timings in the image directory.
+pub const FILES: [&str; 2] = ["gpu-timings-dump.json", "gpu-timings-restore.json"];
+
 /// The file of one command's timings in the image directory.
 pub fn file(command: Command) -> &'static str {
     match command {
-        Command::Dump => "gpu-timings-dump.json",
-        Command::Restore => "gpu-timings-restore.json",
+        Command::Dump => FILES[0],
+        Command::Restore => FILES[1],
     }
 }
 
@@ -24,6 +27,16 @@ pub fn file(command: Command) -> &'static str {
 pub enum Command {
     Dump,
     Restore,
+}
+
+impl Command {
+    /// As the file and its JSON name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Dump => "dump",
+            Command::Restore => "restore",
+        }
+    }
 }
 
 /// A named phase: `lock`, `checkpoint`, `digests` (dump); `verify`, `restore` (restore).

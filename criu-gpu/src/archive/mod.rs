@@ -24,9 +24,9 @@ use self::tar::{walk, Listing};
 /// Files extracted from archives: what the restore checks and `inspect` read.
 const WANTED: [&str; 8] = [
     "inventory.img",
-    "gpu-cuda.json",
-    "gpu-timings-dump.json",
-    "gpu-timings-restore.json",
+    criu_gpu_image::cuda::RECORD,
+    criu_gpu_image::timings::FILES[0],
+    criu_gpu_image::timings::FILES[1],
     "config.dump",
     "spec.dump",
     "dump.log",
@@ -168,7 +168,7 @@ fn scratch() -> Result<tempfile::TempDir, ArchiveError> {
 
 /// True for the names of files that make a directory a CRIU image directory.
 fn is_image_marker(name: &str) -> bool {
-    name == "inventory.img" || name == "gpu-cuda.json" || is_kfd_image(name)
+    name == "inventory.img" || name == criu_gpu_image::cuda::RECORD || is_kfd_image(name)
 }
 
 fn is_kfd_image(name: &str) -> bool {
