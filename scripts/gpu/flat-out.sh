@@ -47,15 +47,9 @@ export PYTHONUNBUFFERED=1
 SHM=(NCCL_P2P_DISABLE=1 NCCL_CUMEM_ENABLE=0)
 SOCKETS=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0)
 mkdir -p "$OUT" "$W"
-PASS=0 FAIL=0
-log() { printf '[%(%T)T] %s\n' -1 "$*" | tee -a "$OUT/flat-out.log"; }
-pass() { PASS=$((PASS + 1)); log "PASS $*"; }
-fail() { FAIL=$((FAIL + 1)); log "FAIL $*"; }
-since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
-tree_of() { local p; for p in $(pgrep -P "$1"); do echo "$p"; tree_of "$p"; done; }
-# shellcheck disable=SC2086 # a list of pids
-kill_job() { local all; all="$1 $(tree_of "$1")"; kill -9 $all 2>/dev/null; wait "$1" 2>/dev/null; }
-wait_gone() { local p; for _ in $(seq 300); do for p in "$@"; do [ -d "/proc/$p" ] && { sleep 0.1; continue 2; }; done; return 0; done; return 1; }
+LOG_FILE=$OUT/flat-out.log
+# shellcheck source=scripts/gpu/job-lib.sh
+. "$here/job-lib.sh"
 # last_step DIR: the last step both ranks logged (-1: none)
 last_step() {
 	local a b

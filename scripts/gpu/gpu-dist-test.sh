@@ -33,17 +33,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 SOCKETS=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0)
 rm -rf "$W" "$RES" && mkdir -p "$OUT" "$W" "$RES"
-PASS=0 FAIL=0
-log() { printf '[%(%T)T] %s\n' -1 "$*" | tee -a "$OUT/dist-test.log"; }
-pass() { PASS=$((PASS + 1)); log "PASS $*"; }
-fail() { FAIL=$((FAIL + 1)); log "FAIL $*"; }
-since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
-
-tree_of() { local p; for p in $(pgrep -P "$1"); do echo "$p"; tree_of "$p"; done; }
-# shellcheck disable=SC2086 # a list of pids
-kill_job() { local all; all="$1 $(tree_of "$1")"; kill -9 $all 2>/dev/null; wait "$1" 2>/dev/null; }
-# wait_gone PIDS...: until no process of the list exists (CRIU restores pids)
-wait_gone() { local p; for _ in $(seq 300); do for p in "$@"; do [ -d "/proc/$p" ] && { sleep 0.1; continue 2; }; done; return 0; done; return 1; }
+LOG_FILE=$OUT/dist-test.log
+# shellcheck source=scripts/gpu/job-lib.sh
+. "$here/job-lib.sh"
 
 # wait_step DIR N SECONDS: both ranks logged step N (or done)
 wait_step() {

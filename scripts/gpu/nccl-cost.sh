@@ -16,7 +16,9 @@ export PATH="$root/.carry/bin:$PATH"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 USE_LIBUV=0
 mkdir -p "$OUT" "$W"
-log() { printf '[%(%T)T] %s\n' -1 "$*" | tee -a "$OUT/nccl-cost.log"; }
+LOG_FILE=$OUT/nccl-cost.log
+# shellcheck source=scripts/gpu/job-lib.sh
+. "$here/job-lib.sh"
 
 # NAME ENV... (restorable per F13/F16, or a candidate to try)
 SETTINGS=(
@@ -31,9 +33,6 @@ SETTINGS=(
 # Tried for restore here: the candidates (the others are F13, F16).
 TRY=(sockets-4x4 shm-memcpy shm-8ch)
 
-tree_of() { local p; for p in $(pgrep -P "$1"); do echo "$p"; tree_of "$p"; done; }
-# shellcheck disable=SC2086
-kill_job() { local all; all="$1 $(tree_of "$1")"; kill -9 $all 2>/dev/null; wait "$1" 2>/dev/null; }
 
 for s in "${SETTINGS[@]}"; do
 	read -r name env <<<"$s"
