@@ -80,6 +80,12 @@ const MAX_IMAGE: u64 = 64 << 20;
 /// vma_entry.status bits of a file mapping (criu/include/image.h).
 const VMA_FILE_PRIVATE: u64 = 1 << 6;
 const VMA_FILE_SHARED: u64 = 1 << 7;
+/// PROT_WRITE (vma_entry.prot holds mmap's prot bits).
+const PROT_WRITE: u64 = 2;
+/// O_WRONLY, O_APPEND and the access mode's mask (reg_file_entry.flags holds open's flags).
+const O_WRONLY: u64 = 1;
+const O_ACCMODE: u64 = 3;
+const O_APPEND: u64 = 0o2000;
 /// fd_types.REG (criu/images/fdinfo.proto).
 const FD_REG: u64 = 1;
 
@@ -110,37 +116,67 @@ pub fn cuda_mappers(dir: &Path) -> Result<Vec<CudaMapper>, CriuImageError> {
         }
     }
     let mut out = Vec::new();
-    // pstree.img: pstree_entry { pid = 1; ... }
-    let pstree = image("pstree.img", PSTREE_MAGIC)?;
-    for entry in &pstree.entries {
-        let Some(pid) = varint_field(&pstree.fields(entry)?, 1).map(|p| p as u32) else {
-            continue;
-        };
-        // mm-PID.img: mm_entry { vmas = 14 { shmid = 4; status = 7 } }
-        let mm = image(&format!("mm-{pid}.img"), MM_MAGIC)?;
-        let mut maps_cuda = false;
-        if let Some(entry) = mm.entries.first() {
-            for (tag, value) in mm.fields(entry)? {
-                let (14, Value::Bytes(vma)) = (tag, value) else {
-                    continue;
-                };
-                let v = mm.fields(vma)?;
-                let file = varint_field(&v, 7)
-                    .is_some_and(|s| s & (VMA_FILE_PRIVATE | VMA_FILE_SHARED) != 0);
-                maps_cuda |= file
-                    && varint_field(&v, 4)
-                        .and_then(|id| names.get(&id))
-                        .is_some_and(|n| is_libcuda(n));
-            }
-        }
+    each_task_vmas(dir, |pid, vmas| {
+        let maps_cuda = vmas.iter().any(|v| {
+            varint_field(v, 7).unwrap_or(0) & (VMA_FILE_PRIVATE | VMA_FILE_SHARED) != 0
+                && varint_field(v, 4)
+                    .and_then(|id| names.get(&id))
+                    .is_some_and(|n| is_libcuda(n))
+        });
         if maps_cuda {
             out.push(CudaMapper {
                 pid,
                 comm: comm(dir, pid).unwrap_or_default(),
             });
         }
-    }
+    })?;
     Ok(out)
+}
+
+/// Calls `each` with every task of the image in `dir` and the fields of its memory areas
+/// (pstree.img: pstree_entry { pid = 1 }; mm-PID.img: mm_entry { vmas = 14 { shmid = 4;
+/// prot = 5; status = 7 } }).
+fn each_task_vmas(
+    dir: &Path,
+    mut each: impl FnMut(u32, &[Vec<(u64, Value<'_>)>]),
+) -> Result<(), CriuImageError> {
+    let image = |name: &str, magic| Image::read(&dir.join(name), true, magic, MAX_IMAGE);
+    let pstree = image("pstree.img", PSTREE_MAGIC)?;
+    for entry in &pstree.entries {
+        let Some(pid) = varint_field(&pstree.fields(entry)?, 1).map(|p| p as u32) else {
+            continue;
+        };
+        let mm = image(&format!("mm-{pid}.img"), MM_MAGIC)?;
+        let mut vmas = Vec::new();
+        if let Some(entry) = mm.entries.first() {
+            for (tag, value) in mm.fields(entry)? {
+                if let (14, Value::Bytes(vma)) = (tag, value) {
+                    vmas.push(mm.fields(vma)?);
+                }
+            }
+        }
+        each(pid, &vmas);
+    }
+    Ok(())
+}
+
+/// The ids of the files some task of the image in `dir` mapped shared and writable: written
+/// through memory, whatever open flags files.img gives them (CRIU records a mapped file with
+/// none: cr-dump.c, dump_filemap).
+pub fn shared_writable_mappings(
+    dir: &Path,
+) -> Result<std::collections::BTreeSet<u64>, CriuImageError> {
+    let mut ids = std::collections::BTreeSet::new();
+    each_task_vmas(dir, |_, vmas| {
+        for v in vmas {
+            let shared = varint_field(v, 7).unwrap_or(0) & VMA_FILE_SHARED != 0;
+            let writable = varint_field(v, 5).unwrap_or(0) & PROT_WRITE != 0;
+            if let (true, true, Some(id)) = (shared, writable, varint_field(v, 4)) {
+                ids.insert(id);
+            }
+        }
+    })?;
+    Ok(ids)
 }
 
 /// A regular file of the image, as CRIU checks it when it restores it (its size must be the same).
@@ -164,7 +200,13 @@ pub struct RegFile {
 impl RegFile {
     /// Opened for writing: the process may have changed it since.
     pub fn writable(&self) -> bool {
-        self.flags & 3 != 0
+        self.flags & O_ACCMODE != 0
+    }
+
+    /// Opened write-only for appending, as logs are: CRIU records no size for such a file and
+    /// restores it whatever it grew to (files-reg.c, should_check_size).
+    pub fn appended(&self) -> bool {
+        self.flags & O_ACCMODE == O_WRONLY && self.flags & O_APPEND != 0
     }
 }
 
@@ -456,14 +498,70 @@ mod tests {
     }
 
     fn mm(vmas: &[(u64, u64)]) -> Vec<u8> {
+        let with_prot: Vec<(u64, u64, u64)> = vmas.iter().map(|&(id, st)| (id, st, 1)).collect();
+        mm_prot(&with_prot)
+    }
+
+    /// mm_entry of vmas (shmid, status, prot).
+    fn mm_prot(vmas: &[(u64, u64, u64)]) -> Vec<u8> {
         let mut e = Vec::new();
-        for &(shmid, status) in vmas {
+        for &(shmid, status, prot) in vmas {
             let mut vma = varint_field(1, 0x1000);
             vma.extend(varint_field(4, shmid));
+            vma.extend(varint_field(5, prot));
             vma.extend(varint_field(7, status));
             e.extend(field(14, &vma));
         }
         e
+    }
+
+    #[test]
+    fn files_mapped_shared_and_writable_are_found_whatever_their_flags() {
+        let d = tempfile::tempdir().unwrap();
+        let w = |name: &str, bytes: Vec<u8>| std::fs::write(d.path().join(name), bytes).unwrap();
+        w(
+            "pstree.img",
+            image(PSTREE_MAGIC, &[varint_field(1, 100), varint_field(1, 101)]),
+        );
+        // 7: shared, read and write; 8: shared, read only; 9: private and writable (copy on
+        // write: the file is never written).
+        w(
+            "mm-100.img",
+            image(
+                MM_MAGIC,
+                &[mm_prot(&[
+                    (7, 1 | VMA_FILE_SHARED, 3),
+                    (8, 1 | VMA_FILE_SHARED, 1),
+                ])],
+            ),
+        );
+        w(
+            "mm-101.img",
+            image(MM_MAGIC, &[mm_prot(&[(9, 1 | VMA_FILE_PRIVATE, 3)])]),
+        );
+        let ids: Vec<u64> = shared_writable_mappings(d.path())
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(ids, vec![7]);
+    }
+
+    #[test]
+    fn a_file_opened_write_only_for_appending_is_the_one_criu_records_no_size_for() {
+        let f = |flags| RegFile {
+            id: 1,
+            name: "/job/train.log".into(),
+            flags,
+            size: None,
+            remapped: false,
+            ghost: None,
+        };
+        // O_WRONLY|O_APPEND (|O_CREAT|O_LARGEFILE): Python's mode "a", `>>`, `tee -a`.
+        assert!(f(0o0102001).appended());
+        assert!(f(0o2001).appended());
+        // O_RDWR|O_APPEND ("a+"): CRIU records its size.
+        assert!(!f(0o2002).appended());
+        assert!(!f(0o1).appended() && !f(0o2000).appended());
     }
 
     #[test]

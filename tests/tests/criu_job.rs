@@ -317,6 +317,120 @@ fn a_snapshot_is_rolled_back_to_after_the_job_went_on_and_died() {
     }
 }
 
+/// The numbers of the `line N` lines of `log`, in order.
+fn line_numbers(log: &Path) -> Vec<u64> {
+    read_lines(log)
+        .iter()
+        .filter_map(|l| l.strip_prefix("line ")?.parse().ok())
+        .collect()
+}
+
+/// The user's case of issue 27: a GPU process and a writer appending a numbered line to the
+/// job's log every 50 ms, the log opened once write-only for appending (as Python's logging,
+/// `tee -a` and `>>` open one), snapshotted with --leave-running, run on, killed and restored.
+/// CRIU checks no size for such a file: without criu-gpu's record the restore went through and
+/// the log held the abandoned run's lines followed by the restored run's. Now the restore names
+/// it; --truncate-grown cuts it back, and the log counts up once, line by line.
+#[test]
+fn a_log_opened_for_appending_is_rolled_back_with_its_snapshot() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let log = sim.dir.join("train.log");
+    let gpu = App {
+        pid: 0,
+        log: sim.dir.join("gpu.log"),
+    };
+    let child = setsid_command(&artifact("appender"))
+        .arg(&log)
+        .arg("50")
+        .arg(artifact("cuda-sim-app"))
+        .args(["--mib", "8", "--interval-ms", "50", "--log"])
+        .arg(&gpu.log)
+        .envs(sim.env())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let root = reap_in_background(child);
+    sim.adopt(root);
+    assert!(
+        wait_until(Duration::from_secs(20), || gpu.steps() >= 2
+            && line_numbers(&log).len() >= 5),
+        "{}",
+        gpu.tail()
+    );
+    let pids = cuda_checkpoint_ctl::process::tree(root);
+    assert_eq!(pids.len(), 2, "the writer and its GPU process: {pids:?}");
+    pids.iter().for_each(|p| sim.adopt(*p));
+
+    let images = dir_of(&sim, "snap");
+    let snap = images.to_str().unwrap();
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &root.to_string(), snap, "--leave-running"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let lines_then = line_numbers(&log).len();
+
+    // The job runs on for about a second, then dies.
+    assert!(
+        wait_until(Duration::from_secs(20), || line_numbers(&log).len()
+            >= lines_then + 20),
+        "the writer went on"
+    );
+    for p in pids.iter().rev() {
+        signal(*p, nix::sys::signal::Signal::SIGKILL);
+    }
+    pids.iter().for_each(|p| wait_gone(*p));
+    let grown = std::fs::read(&log).unwrap();
+
+    let out = criu_gpu(&sim, &c, &["restore", snap], &[]);
+    let t = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a plain restore is refused: {t}"
+    );
+    assert_eq!(std::fs::read(&log).unwrap(), grown, "nothing touched");
+    let rec = criu_gpu::job::files::FilesRecord::read(&images)
+        .unwrap()
+        .expect("the dump recorded the job's files");
+    let recorded = rec.files.iter().find(|f| f.path == log);
+    let recorded = recorded.unwrap_or_else(|| panic!("{} not recorded: {rec:?}", log.display()));
+    assert!(recorded.digest.is_some(), "open for writing: hashed");
+    let at_snapshot = grown[..recorded.size as usize].to_vec();
+    let want = format!(
+        "{} grew from {} to {} bytes",
+        log.display(),
+        at_snapshot.len(),
+        grown.len()
+    );
+    assert!(t.contains(&want), "{want:?} missing from:\n{t}");
+
+    let out = criu_gpu(&sim, &c, &["restore", snap, "--truncate-grown"], &[]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains(&format!("cut {} back from", log.display())),
+        "{t}"
+    );
+    let lines_grown = grown.iter().filter(|b| **b == b'\n').count();
+    assert!(
+        wait_until(Duration::from_secs(20), || line_numbers(&log).len()
+            >= lines_grown + 5),
+        "the restored writer goes on"
+    );
+    assert!(std::fs::read(&log).unwrap().starts_with(&at_snapshot));
+    let numbers = line_numbers(&log);
+    let expected: Vec<u64> = (0..numbers.len() as u64).collect();
+    assert_eq!(numbers, expected, "the log counts up once, line by line");
+    assert!(gpu.advances(3), "{}", gpu.tail());
+    gpu.assert_healthy();
+}
+
 #[test]
 fn a_file_rewritten_since_the_snapshot_is_refused_even_with_truncate_grown() {
     let mut sim = Sim::start();

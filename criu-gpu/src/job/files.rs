@@ -2,10 +2,13 @@
 //!
 //! CRIU restores a regular file only if its size is what it was at the dump (`File ... has bad
 //! size`): a job that went on after `criu-gpu dump --leave-running` has grown its logs, and its
-//! snapshot no longer restores. So while the dumped tree is still frozen (CRIU's post-dump action
-//! script: `criu-gpu dump` has CRIU run criu-gpu itself), each regular file the job had open is
-//! recorded: its size, identity and modification time, and for a file open for writing a digest
-//! of its contents. Before a restore, [`changes`] names every file that changed since; one that
+//! snapshot no longer restores. Worse, CRIU checks no size for a file opened write-only for
+//! appending (Python's logging, `tee -a`, `>>`): such a log is restored as it grew, the abandoned
+//! run's lines followed by the restored run's. So while the dumped tree is still frozen (CRIU's
+//! post-dump action script: `criu-gpu dump` has CRIU run criu-gpu itself), each regular file the
+//! job had open or mapped is recorded, appended ones included: its size, identity and
+//! modification time, and for a file the job could write (open for writing, or mapped shared and
+//! writable) a digest of its contents. Before a restore, [`changes`] names every file that changed since; one that
 //! only grew, whose first bytes are what the digest says, can be cut back to its size at the
 //! snapshot ([`cut_back`], `criu-gpu restore --truncate-grown`). Nothing else is ever changed.
 
@@ -13,7 +16,7 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use criu_gpu_image::criu_image::{self, RegFile};
+use criu_gpu_image::criu_image;
 use criu_gpu_image::record::{self, RecordError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -108,15 +111,46 @@ impl Change {
     }
 }
 
-/// The files CRIU will check at the restore: the image's regular files, unlinked ones left out
-/// (CRIU restores those from the images).
-fn checked_files(dir: &Path) -> Result<Vec<RegFile>, criu_image::CriuImageError> {
-    let mut files: Vec<RegFile> = criu_image::regular_files(dir)?
-        .into_iter()
-        .filter(|f| !f.remapped && f.size.is_some())
-        .collect();
-    files.sort_by(|a, b| a.name.cmp(&b.name));
-    files.dedup_by(|a, b| a.name == b.name);
+/// A file of the image that the restore depends on.
+struct JobFile {
+    name: String,
+    /// Its size at the dump as CRIU recorded it: none for a file opened for appending.
+    size: Option<u64>,
+    /// The job could write it: opened for writing, or mapped shared and writable.
+    writable: bool,
+}
+
+/// The files the restore depends on: the image's regular files at their paths (unlinked ones
+/// left out: CRIU restores those from the images), each once. CRIU checks their sizes at the
+/// restore, but for files opened write-only for appending, as logs are (files-reg.c,
+/// should_check_size): one the job went on appending to would come back holding the abandoned
+/// run's lines, so those are here too, without a size.
+fn job_files(dir: &Path) -> Result<Vec<JobFile>, criu_image::CriuImageError> {
+    // Files written through memory: files.img gives a mapped file no open flags.
+    let mapped = criu_image::shared_writable_mappings(dir).unwrap_or_else(|e| {
+        eprintln!("criu-gpu: the job's memory mappings were not read ({e}): mapped files count as read-only");
+        Default::default()
+    });
+    let mut files: Vec<JobFile> = Vec::new();
+    let mut reg = criu_image::regular_files(dir)?;
+    reg.sort_by(|a, b| a.name.cmp(&b.name));
+    for f in reg {
+        if f.remapped || (f.size.is_none() && !f.appended()) {
+            continue;
+        }
+        let writable = f.writable() || mapped.contains(&f.id);
+        match files.last_mut() {
+            Some(last) if last.name == f.name => {
+                last.size = last.size.or(f.size);
+                last.writable |= writable;
+            }
+            _ => files.push(JobFile {
+                name: f.name,
+                size: f.size,
+                writable,
+            }),
+        }
+    }
     Ok(files)
 }
 
@@ -152,14 +186,19 @@ fn mtime_ns(m: &std::fs::Metadata) -> i128 {
 pub fn record(dir: &Path) -> Result<FilesRecord, String> {
     let start = std::time::Instant::now();
     let mut rec = FilesRecord::default();
-    for f in checked_files(dir).map_err(|e| e.to_string())? {
+    for f in job_files(dir).map_err(|e| e.to_string())? {
         let path = PathBuf::from(&f.name);
         let Ok(meta) = std::fs::metadata(&path) else {
             eprintln!("criu-gpu: {} is not there to record", path.display());
             continue;
         };
+        // Appending to a device (/dev/null): nothing to roll back.
+        if !meta.is_file() {
+            continue;
+        }
+        // A file opened for appending: its size now, while the job is frozen.
         let size = f.size.unwrap_or(meta.len());
-        let digest = if f.writable() && size <= DIGEST_LIMIT {
+        let digest = if f.writable && size <= DIGEST_LIMIT {
             match digest_of(&path, size) {
                 Ok(d) => {
                     rec.hashed_bytes += size;
@@ -240,7 +279,7 @@ pub fn changes(dir: &Path) -> Result<Vec<(PathBuf, Change)>, String> {
             .filter_map(|f| Some((f.path.clone(), change_of(f)?)))
             .collect());
     }
-    let files = match checked_files(dir) {
+    let files = match job_files(dir) {
         Ok(f) => f,
         // Not a CRIU image directory this command can read: CRIU says what is wrong.
         Err(_) => return Ok(Vec::new()),
