@@ -556,3 +556,82 @@ fn a_restore_killed_late_leaves_nothing_in_the_way_of_the_next() {
     );
     job.advances(5);
 }
+
+/// Whether `pid` holds a lock on one of its files: a `lock:` line in its fdinfo, as CRIU reads.
+fn fdinfo_locks(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+                .map(|info| info.lines().filter(|l| l.starts_with("lock:")).count())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// `criu-gpu dump` chooses --file-locks for every kind of lock CRIU refuses to dump without it,
+/// whatever pid /proc/locks names: an flock, a POSIX and an OFD lock, a lease, a POSIX lock taken
+/// by a second thread, and an flock taken by the `flock` command on a file description the job
+/// inherited (the containers runner's bare process held its script's lock that way, and its
+/// dump failed: "Some file locks are hold by dumping tasks!"). Each job, a locking process and
+/// its GPU process, is dumped and restored, the lock held again.
+#[test]
+fn every_kind_of_file_lock_the_job_holds_is_dumped_and_restored() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    for kind in [
+        "flock",
+        "posix",
+        "ofd",
+        "lease",
+        "posix-thread",
+        "inherited-flock",
+    ] {
+        let gpu = App {
+            pid: 0,
+            log: sim.dir.join(format!("gpu-{kind}.log")),
+        };
+        let child = setsid_command(&artifact("lock-hold"))
+            .arg(kind)
+            .arg(sim.dir.join(format!("{kind}.lock")))
+            .arg(artifact("cuda-sim-app"))
+            .args(["--mib", "8", "--interval-ms", "50", "--log"])
+            .arg(&gpu.log)
+            .envs(sim.env())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let root = reap_in_background(child);
+        sim.adopt(root);
+        assert!(
+            wait_until(Duration::from_secs(20), || gpu.steps() >= 2),
+            "{kind}: {}",
+            gpu.tail()
+        );
+        assert!(fdinfo_locks(root) > 0, "{kind}: the lock is held");
+        let pids = cuda_checkpoint_ctl::process::tree(root);
+        pids.iter().for_each(|p| sim.adopt(*p));
+        let images = dir_of(&sim, &format!("img-{kind}"));
+        let out = criu_gpu(
+            &sim,
+            &c,
+            &["dump", &root.to_string(), images.to_str().unwrap()],
+            &[],
+        );
+        let t = text(&out);
+        assert!(out.status.success(), "{kind}: {t}");
+        assert!(t.contains("option: --file-locks"), "{kind}: {t}");
+        pids.iter().for_each(|p| wait_gone(*p));
+        let out = criu_gpu(&sim, &c, &["restore", images.to_str().unwrap()], &[]);
+        assert!(out.status.success(), "{kind}: {}", text(&out));
+        assert!(gpu.advances(3), "{kind}: {}", gpu.tail());
+        gpu.assert_healthy();
+        assert!(fdinfo_locks(root) > 0, "{kind}: the lock is held again");
+        for p in pids.iter().rev() {
+            signal(*p, nix::sys::signal::Signal::SIGKILL);
+        }
+        pids.iter().for_each(|p| wait_gone(*p));
+    }
+}

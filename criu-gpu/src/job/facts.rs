@@ -53,11 +53,13 @@ impl JobFacts {
                     .map(|s| (m.pid, s.clone()))
             })
             .collect();
+        // Whatever /proc/locks names as the holder, CRIU refuses a lock on any open file of
+        // the tree (its fdinfo `lock:` lines).
         let holders = process::lock_holders();
         let locks = pids
             .iter()
             .copied()
-            .filter(|p| holders.contains(p))
+            .filter(|p| holders.contains(p) || process::holds_file_locks(*p))
             .collect();
         let shell_job = process::session(root)
             .is_some_and(|(pgid, sid)| !pids.contains(&pgid) || !pids.contains(&sid))

@@ -92,6 +92,21 @@ pub fn socket_inodes(pid: i32) -> Vec<u64> {
         .collect()
 }
 
+/// Whether the process holds a file lock through one of its open files: an flock, a POSIX
+/// (fcntl) or open-file-description lock, or a lease, each a `lock:` line of its fd's
+/// /proc/PID/fdinfo/N. CRIU reads the same lines and refuses a dump without --file-locks for any
+/// of them. /proc/locks alone misses the locks it names another pid for: an OFD lock (pid -1), or
+/// an flock taken on a file description the process inherited (the pid of whoever took it: the
+/// `flock` command of a script, long gone).
+pub fn holds_file_locks(pid: i32) -> bool {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        fs::read_to_string(e.path()).is_ok_and(|info| info.lines().any(|l| l.starts_with("lock:")))
+    })
+}
+
 /// The pids holding POSIX or flock locks (`/proc/locks`).
 pub fn lock_holders() -> Vec<i32> {
     let text = fs::read_to_string("/proc/locks").unwrap_or_default();
@@ -113,6 +128,27 @@ fn holders_in(text: &str) -> Vec<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_on_an_open_file_is_seen_in_its_fdinfo() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!holds_file_locks(std::process::id() as i32));
+        // util-linux's flock(1) holds the lock on the file it opened while its command runs.
+        let mut holder = std::process::Command::new("flock")
+            .arg(dir.path().join("lock"))
+            .args(["sleep", "30"])
+            .spawn()
+            .unwrap();
+        let pid = holder.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !holds_file_locks(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let held = holds_file_locks(pid);
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert!(held, "flock's lock is in its fdinfo");
+    }
 
     #[test]
     fn lock_holders_are_read_from_proc_locks() {

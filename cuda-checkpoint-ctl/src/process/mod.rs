@@ -10,7 +10,7 @@ mod net;
 
 pub use self::environ::{environ, in_root};
 pub use self::files::{
-    fds, has_terminal, lock_holders, session, socket_inodes, unlinked, Unlinked,
+    fds, has_terminal, holds_file_locks, lock_holders, session, socket_inodes, unlinked, Unlinked,
 };
 pub use self::hold::{frozen_cgroup, hold, tgid, CgroupVersion, Freezer, Hold};
 pub use self::io_uring::{
