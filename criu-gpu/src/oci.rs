@@ -9,10 +9,11 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
+
+use crate::archive::Codec;
 
 pub const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const CONFIG: &str = "application/vnd.oci.image.config.v1+json";
@@ -80,15 +81,14 @@ pub fn write_layout(
         Some(d) => (d.to_owned(), std::fs::metadata(layer)?.len()),
         None => digest_of(File::open(layer)?)?,
     };
-    let (media_type, diff_id) = match compression(layer)? {
+    let (media_type, diff_id) = match Codec::of(layer)? {
         None => ("application/vnd.oci.image.layer.v1.tar", digest.clone()),
-        Some(tool) => (
-            if tool == "zstd" {
-                "application/vnd.oci.image.layer.v1.tar+zstd"
-            } else {
-                "application/vnd.oci.image.layer.v1.tar+gzip"
+        Some(codec) => (
+            match codec {
+                Codec::Zstd => "application/vnd.oci.image.layer.v1.tar+zstd",
+                Codec::Gzip => "application/vnd.oci.image.layer.v1.tar+gzip",
             },
-            uncompressed_digest(layer, tool)?,
+            uncompressed_digest(layer, codec)?,
         ),
     };
     let layer_blob = blobs.join(digest.trim_start_matches("sha256:"));
@@ -161,40 +161,16 @@ fn write_json_blob(blobs: &Path, media_type: &str, v: &serde_json::Value) -> io:
     })
 }
 
-/// `Some("gzip"|"zstd")` for a compressed file.
-fn compression(path: &Path) -> io::Result<Option<&'static str>> {
-    let mut magic = [0u8; 4];
-    let n = File::open(path)?.read(&mut magic)?;
-    Ok(match &magic[..n] {
-        [0x1f, 0x8b, ..] => Some("gzip"),
-        [0x28, 0xb5, 0x2f, 0xfd] => Some("zstd"),
-        _ => None,
-    })
-}
-
-fn uncompressed_digest(path: &Path, tool: &str) -> io::Result<String> {
-    let mut child = Command::new(tool)
-        .arg("-dc")
-        .arg(path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("{tool} (to read {}): {e}", path.display()),
-            )
-        })?;
-    let stdout = child.stdout.take().expect("piped");
-    let digest = digest_of(stdout);
-    let status = child.wait()?;
-    if !status.success() {
-        return Err(io::Error::other(format!(
-            "{tool} -dc {} failed",
-            path.display()
-        )));
-    }
-    Ok(digest?.0)
+/// The digest of the uncompressed contents of `path`, compressed with `codec`.
+fn uncompressed_digest(path: &Path, codec: Codec) -> io::Result<String> {
+    let wrap = |e: io::Error| {
+        io::Error::new(
+            e.kind(),
+            format!("reading {} as {}: {e}", path.display(), codec.name()),
+        )
+    };
+    let decoded = codec.decoder(File::open(path)?).map_err(wrap)?;
+    Ok(digest_of(decoded).map_err(wrap)?.0)
 }
 
 /// Packs a layout directory into an OCI archive (what `ctr images import` and

@@ -158,6 +158,69 @@ fn inspect_and_check_tell_what_a_checkpoint_holds_and_whether_it_fits() {
     assert_eq!(exit_code(&out), 2, "unreadable input: {}", stderr(&out));
 }
 
+/// Podman exports `.tar.zst` by default (and `--compress gzip` a `.tar.gz`): `check`, `inspect`
+/// and `image` read both in this process, on a node without the `zstd` and `gzip` programs (none
+/// on PATH here).
+#[test]
+fn compressed_archives_are_read_without_the_zstd_or_gzip_programs() {
+    let mut sim = Sim::start();
+    let images = sim.dir.join("img");
+    dumped(&mut sim, &images);
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.append_dir_all("checkpoint", &images).unwrap();
+    let tar = tar.into_inner().unwrap();
+    let zst = sim.dir.join("ckpt.tar.zst");
+    std::fs::write(&zst, zstd::stream::encode_all(&tar[..], 3).unwrap()).unwrap();
+    let gz = sim.dir.join("ckpt.tar.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, &tar).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    let bare = |args: &[&str]| {
+        let out = Command::new(artifact("criu-gpu"))
+            .args(args)
+            .envs(sim.env())
+            .env("CRIU_GPU_CONFIG", "/nonexistent")
+            .env("PATH", "/nonexistent")
+            .output()
+            .unwrap();
+        assert!(
+            !stderr(&out).contains("is not installed"),
+            "{}",
+            stderr(&out)
+        );
+        out
+    };
+    for archive in [&zst, &gz] {
+        let a = archive.to_str().unwrap();
+        let r = json(&bare(&["inspect", "--json", a]));
+        assert_eq!(
+            r["gpu"]["cuda"]["memory_per_gpu"][0]["memory"],
+            16 << 20,
+            "{a}: {r}"
+        );
+        let out = bare(&["check", a]);
+        assert_eq!(exit_code(&out), 0, "{a}: {}{}", stdout(&out), stderr(&out));
+        assert!(stdout(&out).contains("OK: this node can restore it"), "{a}");
+    }
+    let layout = sim.dir.join("oci");
+    let out = bare(&[
+        "image",
+        zst.to_str().unwrap(),
+        "--container",
+        "app",
+        "--output",
+        layout.to_str().unwrap(),
+    ]);
+    assert_eq!(exit_code(&out), 0, "{}", stderr(&out));
+    let r = json(&bare(&["inspect", "--json", layout.to_str().unwrap()]));
+    assert_eq!(r["format"], "oci-image", "{r}");
+    assert_eq!(
+        r["gpu"]["cuda"]["memory_per_gpu"][0]["memory"],
+        16 << 20,
+        "{r}"
+    );
+}
+
 #[test]
 fn output_into_a_closed_pipe_ends_quietly() {
     let mut sim = Sim::start();

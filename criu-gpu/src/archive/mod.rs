@@ -17,6 +17,8 @@ mod oci;
 mod stream;
 mod tar;
 
+pub use self::stream::Codec;
+
 use self::oci::{open_oci, Blobs};
 use self::stream::with_tar;
 use self::tar::{walk, Listing};
@@ -44,12 +46,6 @@ pub enum ArchiveError {
     Io { path: String, source: io::Error },
     #[error("no CRIU images under {0} (no inventory.img, gpu-cuda.json or amdgpu-kfd-*.img): is it a checkpoint?")]
     NoImages(String),
-    #[error("{path} is {codec}-compressed and `{tool}` is not installed: apt-get install {tool}")]
-    NoDecompressor {
-        path: String,
-        codec: &'static str,
-        tool: &'static str,
-    },
     #[error("{path}: {why}")]
     BadImage { path: String, why: String },
 }

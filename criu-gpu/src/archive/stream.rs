@@ -1,23 +1,47 @@
-//! Tar streams of checkpoints: plain files, or through `gzip -dc` / `zstd -dc`; contents nobody
-//! reads are skipped, by seeking where the source can and by reading past them where not.
+//! Tar streams of checkpoints: plain files, or gzip or zstd streams decompressed in this process
+//! (a node needs no `zstd` program to read Podman's default `.tar.zst`); contents nobody reads are
+//! skipped, by seeking where the source can and by reading past them where not.
 
 use std::fs::File;
-use std::io::{self, Read, Seek};
+use std::io::{self, BufReader, Read, Seek};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 
 use super::{io_err, ArchiveError};
 
-/// The compression of a file, by its first bytes.
-fn codec(path: &Path) -> Result<Option<(&'static str, &'static str)>, ArchiveError> {
-    let mut magic = [0u8; 4];
-    let mut f = File::open(path).map_err(io_err(path))?;
-    let n = f.read(&mut magic).map_err(io_err(path))?;
-    Ok(match &magic[..n] {
-        [0x1f, 0x8b, ..] => Some(("gzip", "gzip")),
-        [0x28, 0xb5, 0x2f, 0xfd] => Some(("zstd", "zstd")),
-        _ => None,
-    })
+/// How a file is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Gzip,
+    Zstd,
+}
+
+impl Codec {
+    /// The compression of the file at `path`, by its first bytes.
+    pub fn of(path: &Path) -> io::Result<Option<Codec>> {
+        let mut magic = [0u8; 4];
+        let n = File::open(path)?.read(&mut magic)?;
+        Ok(match &magic[..n] {
+            [0x1f, 0x8b, ..] => Some(Codec::Gzip),
+            [0x28, 0xb5, 0x2f, 0xfd] => Some(Codec::Zstd),
+            _ => None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Gzip => "gzip",
+            Codec::Zstd => "zstd",
+        }
+    }
+
+    /// The decompressed contents of `file` (every gzip member or zstd frame, as `gzip -dc` and
+    /// `zstd -dc` read them).
+    pub fn decoder(self, file: File) -> io::Result<Box<dyn Read>> {
+        Ok(match self {
+            Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(BufReader::new(file))),
+            Codec::Zstd => Box::new(zstd::stream::read::Decoder::new(file)?),
+        })
+    }
 }
 
 /// A tar source. Contents of entries nobody reads are skipped: by seeking in plain files, by
@@ -64,75 +88,25 @@ impl<R: Read> Seek for Forward<R> {
     }
 }
 
-/// Runs `f` over `path` read as a tar, through `gzip -dc` or `zstd -dc` when compressed.
+/// Runs `f` over `path` read as a tar, decompressed when compressed.
 pub(super) fn with_tar<T>(
     path: &Path,
     f: impl FnOnce(&mut Tar<'_>) -> io::Result<T>,
 ) -> Result<T, ArchiveError> {
-    let wrap = |e: io::Error| ArchiveError::BadImage {
+    let bad = |e: io::Error| ArchiveError::BadImage {
         path: path.display().to_string(),
         why: format!("not a readable tar archive ({e})"),
     };
-    match codec(path)? {
-        None => {
-            let file = File::open(path).map_err(io_err(path))?;
-            f(&mut tar::Archive::new(Box::new(file) as Box<dyn Source>)).map_err(wrap)
-        }
-        Some((codec, tool)) => {
-            let mut child = Decompressor::spawn(path, codec, tool)?;
-            let stdout = child.0.stdout.take().expect("piped stdout");
-            let source = Forward {
-                inner: stdout,
-                pos: 0,
-            };
-            let result =
-                f(&mut tar::Archive::new(Box::new(source) as Box<dyn Source>)).map_err(wrap);
-            child.finish(path, result)
-        }
-    }
-}
-
-/// `gzip -dc FILE` or `zstd -dcq FILE`, killed if the reader stops early.
-struct Decompressor(Child);
-
-impl Decompressor {
-    fn spawn(
-        path: &Path,
-        codec: &'static str,
-        tool: &'static str,
-    ) -> Result<Decompressor, ArchiveError> {
-        let args: &[&str] = if tool == "zstd" { &["-dcq"] } else { &["-dc"] };
-        Command::new(tool)
-            .args(args)
-            .arg(path)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map(Decompressor)
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => ArchiveError::NoDecompressor {
-                    path: path.display().to_string(),
-                    codec,
-                    tool,
-                },
-                _ => io_err(path)(e),
-            })
-    }
-
-    fn finish<T>(
-        mut self,
-        path: &Path,
-        result: Result<T, ArchiveError>,
-    ) -> Result<T, ArchiveError> {
-        let _ = self.0.kill();
-        let out = self.0.wait_with_output();
-        match (result, out) {
-            (Ok(v), _) => Ok(v),
-            (Err(e), Ok(out)) if !out.stderr.is_empty() => Err(ArchiveError::BadImage {
+    let file = File::open(path).map_err(io_err(path))?;
+    let source: Box<dyn Source> = match Codec::of(path).map_err(io_err(path))? {
+        None => Box::new(file),
+        Some(codec) => {
+            let inner = codec.decoder(file).map_err(|e| ArchiveError::BadImage {
                 path: path.display().to_string(),
-                why: format!("{e}; {}", String::from_utf8_lossy(&out.stderr).trim()),
-            }),
-            (Err(e), _) => Err(e),
+                why: format!("not a readable {} stream ({e})", codec.name()),
+            })?;
+            Box::new(Forward { inner, pos: 0 })
         }
-    }
+    };
+    f(&mut tar::Archive::new(source)).map_err(bad)
 }

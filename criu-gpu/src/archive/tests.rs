@@ -63,3 +63,30 @@ fn an_archive_without_images_says_so() {
     std::fs::write(&archive, b"not a tar at all, just words").unwrap();
     assert!(Checkpoint::open(&archive).is_err());
 }
+
+#[test]
+fn compressed_archives_are_read_in_this_process_and_a_damaged_one_says_so() {
+    let d = tempfile::tempdir().unwrap();
+    let tar = tar_of(&[
+        ("checkpoint/inventory.img", b"inv"),
+        ("checkpoint/pages-1.img", &[7u8; 5000]),
+    ]);
+    let zst = d.path().join("ckpt.tar.zst");
+    std::fs::write(&zst, zstd::stream::encode_all(&tar[..], 3).unwrap()).unwrap();
+    let gz = d.path().join("ckpt.tar.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, &tar).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    for archive in [&zst, &gz] {
+        let c = Checkpoint::open(archive).unwrap();
+        assert_eq!(c.image_bytes(), (3 + 5000, 5000), "{}", archive.display());
+        assert!(c.images.join("inventory.img").exists());
+    }
+    let bytes = std::fs::read(&zst).unwrap();
+    std::fs::write(&zst, &bytes[..bytes.len() / 2]).unwrap();
+    let e = Checkpoint::open(&zst).unwrap_err().to_string();
+    assert!(
+        e.contains("ckpt.tar.zst") && e.contains("not a readable"),
+        "{e}"
+    );
+}
