@@ -19,7 +19,8 @@
 # (agent and workers; NCCL over sockets). Each part is bounded and prints what it saw.
 #
 #   OUT=/tmp/out scripts/gpu/flat-out.sh "ref-spawn chain-spawn snapshot kill-dump"
-# Environment: CYCLES (20), STEPS (1500), BALLAST (GiB per rank, 0.25), LIBUV (plain: the job
+# Environment: CYCLES (20), STEPS (1500, or more where CYCLES dumps need it: see CHAIN_STEPS),
+# BALLAST (GiB per rank, 0.25), LIBUV (plain: the job
 # as PyTorch starts it, libuv's io_uring rings and all; off: USE_LIBUV=0, and torchrun started
 # with io_uring disabled, as before CRIU patch 0008); to try the script on a
 # machine without a GPU: DEVICE=cpu MODEL=mlp PYTHON=/path/to/venv/bin/python3 (gloo, no CUDA).
@@ -30,7 +31,12 @@ root=$(cd "$here/../.." && pwd)
 OUT=${OUT:-/tmp/flat-out}
 PARTS=${1:-"ref-spawn chain-spawn snapshot kill-dump rank-dies"}
 CYCLES=${CYCLES:-20}
-STEPS=${STEPS:-1500}
+# A chain dumps first at step 60 + 0-39, then every 30 + 0-49 steps (random, so that dumps land
+# anywhere in a step); the job must still be running at the last dump, so its steps cover
+# CYCLES times the largest gap and some.
+FIRST_MAX=99 GAP_MAX=79
+CHAIN_STEPS=$((FIRST_MAX + (CYCLES - 1) * GAP_MAX + 100))
+STEPS=${STEPS:-$((CHAIN_STEPS > 1500 ? CHAIN_STEPS : 1500))}
 BALLAST=${BALLAST:-0.25}
 DEVICE=${DEVICE:-cuda}
 MODEL=${MODEL:-wide}
@@ -129,11 +135,15 @@ part_chain() {
 	local mode=$1 i at next img rc t0 dt rt lock pids
 	log "== $mode: $CYCLES dumps of one run training flat out, each restored"
 	[ -d "$W/ref-$mode" ] || { fail "chain-$mode: no reference"; return; }
+	if [ "$STEPS" -lt "$CHAIN_STEPS" ]; then
+		fail "chain-$mode: STEPS=$STEPS cannot hold $CYCLES dumps up to $GAP_MAX steps apart: STEPS=$CHAIN_STEPS or more (the reference too)"
+		return
+	fi
 	uring_off "$mode"
 	# shellcheck disable=SC2046
 	start "chain-$mode" "$mode" $(env_of "$mode")
 	img=$W/img-chain-$mode
-	next=$((60 + RANDOM % 40))
+	next=$((60 + RANDOM % (FIRST_MAX - 59)))
 	printf '%-5s %-6s %-8s %-9s %-9s %s\n' cycle step dump_s restore_s lock_s rounds >"$OUT/chain-$mode.tsv"
 	for i in $(seq 1 "$CYCLES"); do
 		if ! wait_step "$DIR" "$next" 120; then fail "chain-$mode: cycle $i: no step $next: $(tail -2 "$DIR/stdout" | tr '\n' ' ')"; break; fi
@@ -163,7 +173,7 @@ part_chain() {
 		printf '%-5s %-6s %-8s %-9s %-9s %s\n' "$i" "$at" "$dt" "$rt" \
 			"$(echo "$lock" | grep -oE 'in [0-9.]+ (s|ms)' | head -1)" "$lock" >>"$OUT/chain-$mode.tsv"
 		log "chain-$mode: cycle $i at step $at: dump $dt s, restore $rt s; $lock"
-		next=$((at + 30 + RANDOM % 50))
+		next=$((at + 30 + RANDOM % (GAP_MAX - 29)))
 	done
 	if [ "$i" = "$CYCLES" ] && [ "$rc" = 0 ]; then
 		if finished "$DIR" 240 && same "$DIR" "$W/ref-$mode"; then
@@ -176,6 +186,16 @@ part_chain() {
 	uring_back
 	kill_job "$JOBPID"
 	rm -rf "$img"
+}
+
+# driver_times FILE: the GPU phases the plugin timed (its gpu-timings-dump.json or
+# gpu-timings-restore.json), each as NAME SECONDS s (GiB)
+driver_times() {
+	"$PYTHON" - "$1" <<'PYEOF' 2>&1
+import json, sys
+t = json.load(open(sys.argv[1]))["body"]
+print(", ".join("%s %.2f s (%.2f GiB, %d processes)" % (p["name"], p["seconds"], p["bytes"] / 2**30, p["processes"]) for p in t["phases"]))
+PYEOF
 }
 
 # gap DIR: the longest pause between two steps in rank 0's times, and the step after it
@@ -200,6 +220,8 @@ part_snapshot() {
 	grep -E 'Seizing|Seized task|criu_gpu: (locked|checkpointed|time in)|pages: pid .*(planned|copied|wrote)|Running post-dump|post-dump|Unfreez|Unseiz|Dumping finished|Writing image inventory' \
 		"$img/dump.log" | head -60 | sed 's/^/  criu: /' >>"$OUT/flat-out.log"
 	gzip -c "$img/dump.log" >"$OUT/snapshot.dump.log.gz"
+	log "snapshot: the driver's phases of the dump (gpu-timings-dump.json): $(driver_times "$img/gpu-timings-dump.json")"
+	log "snapshot: the images: $(du -sh "$img" | cut -f1)"
 	if finished "$DIR" 240; then
 		log "snapshot: the job went on and finished; it stood still at most $(gap "$DIR")"
 		cp "$DIR/rank0.times" "$OUT/snapshot.rank0.times"
@@ -216,6 +238,7 @@ part_snapshot() {
 	timeout 300 criu-gpu restore "$img" --truncate-grown -- --lib "$PLUG" >"$OUT/snapshot.restore.out" 2>&1
 	rc=$?
 	log "snapshot: restore --truncate-grown: rc=$rc in $(since "$t0") s; $(grep -E '^cut ' "$OUT/snapshot.restore.out" | tr '\n' ' ')"
+	log "snapshot: the driver's phases of the restore (gpu-timings-restore.json): $(driver_times "$img/gpu-timings-restore.json")"
 	if [ $rc = 0 ] && finished "$DIR" 240 && same "$DIR" "$W/ref-spawn"; then
 		pass "snapshot: rolled back to after the job had finished: restored with its logs cut back, ran to its end equal to the uninterrupted run"
 	else
