@@ -557,6 +557,66 @@ fn a_restore_killed_late_leaves_nothing_in_the_way_of_the_next() {
     job.advances(5);
 }
 
+/// The count a `map-writer` wrote last into `file`.
+fn mapped_count(file: &Path) -> u64 {
+    let text = std::fs::read(file).unwrap_or_default();
+    String::from_utf8_lossy(&text)
+        .strip_prefix("count ")
+        .and_then(|t| t.split('\n').next()?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A file the job writes through a shared mapping (no fd open: CRIU records it with no open
+/// flags) keeps its size and need not change its time: recorded with a digest, a rewrite after
+/// the snapshot is refused by name, with or without --truncate-grown, and nothing is touched.
+#[test]
+fn a_file_written_through_a_shared_mapping_is_checked_by_its_contents() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let file = sim.dir.join("state.map");
+    let child = setsid_command(&artifact("map-writer"))
+        .arg(&file)
+        .arg("50")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let root = reap_in_background(child);
+    sim.adopt(root);
+    assert!(wait_until(Duration::from_secs(20), || mapped_count(&file) >= 3));
+    let images = dir_of(&sim, "snap");
+    let snap = images.to_str().unwrap();
+    let out = criu_gpu(
+        &sim,
+        &c,
+        &["dump", &root.to_string(), snap, "--leave-running"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let at = mapped_count(&file);
+    assert!(wait_until(Duration::from_secs(20), || mapped_count(&file) >= at + 10));
+    signal(root, nix::sys::signal::Signal::SIGKILL);
+    wait_gone(root);
+    let rec = criu_gpu::job::files::FilesRecord::read(&images)
+        .unwrap()
+        .expect("the dump recorded the job's files");
+    let recorded = rec.files.iter().find(|f| f.path == file);
+    let recorded = recorded.unwrap_or_else(|| panic!("{} not recorded: {rec:?}", file.display()));
+    assert!(recorded.mapped && recorded.digest.is_some(), "{recorded:?}");
+    let now = std::fs::read(&file).unwrap();
+    for extra in [&[][..], &["--truncate-grown"][..]] {
+        let mut args = vec!["restore", snap];
+        args.extend_from_slice(extra);
+        let out = criu_gpu(&sim, &c, &args, &[]);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {t}");
+        let want = format!("{} was rewritten since the snapshot", file.display());
+        assert!(t.contains(&want), "{want:?} missing from:\n{t}");
+        assert_eq!(std::fs::read(&file).unwrap(), now, "nothing touched");
+    }
+}
+
 /// Whether `pid` holds a lock on one of its files: a `lock:` line in its fdinfo, as CRIU reads.
 fn fdinfo_locks(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fdinfo"))

@@ -38,6 +38,11 @@ pub struct FileState {
     pub mtime_ns: i128,
     /// sha256 of its first `size` bytes (files open for writing, up to [`DIGEST_LIMIT`]).
     pub digest: Option<String>,
+    /// Mapped shared and writable: written through memory, which need not change its
+    /// modification time (tmpfs never does, other file systems once per writeback), so its
+    /// digest is compared whatever its time says.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mapped: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -118,6 +123,8 @@ struct JobFile {
     size: Option<u64>,
     /// The job could write it: opened for writing, or mapped shared and writable.
     writable: bool,
+    /// Mapped shared and writable.
+    mapped: bool,
 }
 
 /// The files the restore depends on: the image's regular files at their paths (unlinked ones
@@ -138,16 +145,19 @@ fn job_files(dir: &Path) -> Result<Vec<JobFile>, criu_image::CriuImageError> {
         if f.remapped || (f.size.is_none() && !f.appended()) {
             continue;
         }
-        let writable = f.writable() || mapped.contains(&f.id);
+        let in_memory = mapped.contains(&f.id);
+        let writable = f.writable() || in_memory;
         match files.last_mut() {
             Some(last) if last.name == f.name => {
                 last.size = last.size.or(f.size);
                 last.writable |= writable;
+                last.mapped |= in_memory;
             }
             _ => files.push(JobFile {
                 name: f.name,
                 size: f.size,
                 writable,
+                mapped: in_memory,
             }),
         }
     }
@@ -219,6 +229,7 @@ pub fn record(dir: &Path) -> Result<FilesRecord, String> {
             ino: meta.ino(),
             mtime_ns: mtime_ns(&meta),
             digest,
+            mapped: f.mapped,
         });
     }
     rec.hash_seconds = start.elapsed().as_secs_f64();
@@ -259,10 +270,11 @@ fn change_of(f: &FileState) -> Option<Change> {
             }
         });
     }
-    if mtime_ns(&meta) == f.mtime_ns {
+    if mtime_ns(&meta) == f.mtime_ns && !f.mapped {
         return None;
     }
-    // Touched: unchanged if its contents are what they were (or were never hashed).
+    // Touched (or written through memory): unchanged if its contents are what they were (or
+    // were never hashed).
     match &f.digest {
         Some(_) if !same_prefix() => Some(Change::Rewritten),
         _ => None,

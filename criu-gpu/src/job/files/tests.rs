@@ -12,6 +12,7 @@ fn snapshot(dir: &Path, name: &str, contents: &[u8]) -> FileState {
         dev: meta.dev(),
         ino: meta.ino(),
         mtime_ns: mtime_ns(&meta),
+        mapped: false,
     }
 }
 
@@ -130,4 +131,28 @@ fn a_file_only_touched_has_not_changed() {
     std::fs::write(&f.path, b"same").unwrap();
     write_record(d.path(), vec![f]);
     assert!(changes(d.path()).unwrap().is_empty());
+}
+
+/// A file written through a shared mapping may keep its modification time (tmpfs always does):
+/// its contents are compared all the same.
+#[test]
+fn a_mapped_file_rewritten_in_place_is_named_even_with_its_old_time() {
+    let d = tempfile::tempdir().unwrap();
+    let mapped = FileState {
+        mapped: true,
+        ..snapshot(d.path(), "ring", b"0123456789")
+    };
+    let plain = snapshot(d.path(), "plain", b"0123456789");
+    for f in [&mapped, &plain] {
+        let then = std::fs::metadata(&f.path).unwrap().modified().unwrap();
+        std::fs::write(&f.path, b"9876543210").unwrap();
+        let file = std::fs::File::options().write(true).open(&f.path).unwrap();
+        file.set_modified(then).unwrap();
+    }
+    write_record(d.path(), vec![mapped.clone(), plain]);
+    assert_eq!(
+        changes(d.path()).unwrap(),
+        vec![(mapped.path.clone(), Change::Rewritten)],
+        "an open file whose time stayed is taken as it was; a mapped one is compared"
+    );
 }
