@@ -23,8 +23,11 @@
 #   failures    CRIU SIGKILLed mid-dump after the GPU lock: the container runs on with its
 #               data; a restore that cannot get its GPU memory (another process holds it): the
 #               archive stays restorable and is restored once the memory is free.
-#   overhead    checkpoint and restore of the same application in a container (podman) and as
-#               a bare process (criu-gpu dump / restore), same run, same size; the ratios.
+#   overhead    checkpoint and restore of the same application in a container (podman), set
+#               against the bare-process baseline measured again right after; the ratios.
+# Every run first measures that baseline (the application as a process of this machine, dumped
+# with criu-gpu dump and restored with criu-gpu restore, same size), so each container time
+# printed has its ratio to the bare process of the same run.
 # --sim: on a machine without a GPU, against the simulated GPU (cuda-sim-gpud with two GPUs,
 #   cuda-sim-app instead of ct-app; no PyTorch): the same flows, nothing installed on the host
 #   (the runtimes' state, CRIU's settings and the CDI spec stay under the work directory).
@@ -603,6 +606,22 @@ keep_logs() {
 # plugin_lines FILE: the plugin's lines of a CRIU log, and CRIU's errors.
 plugin_lines() { grep -hE 'criu_gpu:|Error \(' "$@" 2>/dev/null | sed 's/^.*criu_gpu:/criu_gpu:/' | tail -n 8; }
 
+# refusal NAME LOG: the plugin's reason for a refused restore (its `Error: criu_gpu:` line) and
+# where it was found, first where a user looks first: the runtime's own error output $RES/NAME.out
+# (runc 1.2 and later quote CRIU's error lines there), then the CRIU log that runc's error names
+# ("log file: PATH", runc 1.1), then LOG (CRIU's log kept from the container's directory).
+# Nothing when none has it.
+refusal() {
+	local out=$RES/$1.out named why
+	why=$(grep -m1 -oE 'Error: criu_gpu: .*' "$out" 2>/dev/null)
+	if [ -n "$why" ]; then echo "${why#Error: } (in the runtime's error output)"; return; fi
+	named=$(grep -m1 -oE 'log file: [^ "]+' "$out" 2>/dev/null | cut -d' ' -f3)
+	why=$(grep -m1 -oE 'Error: criu_gpu: .*' "$named" 2>/dev/null)
+	if [ -n "$why" ]; then echo "${why#Error: } (in the CRIU log the runtime's error names: $named)"; return; fi
+	why=$(grep -m1 -oE 'Error: criu_gpu: .*' "$2" 2>/dev/null)
+	[ -n "$why" ] && echo "${why#Error: } (only in CRIU's log of the container's directory)"
+}
+
 # run_ct NAME DEVICE [PODMAN OPTIONS]: a CUDA container (APP) with the GPU DEVICE by CDI; waits
 # until it has checked its data three times. Its log is $W/logs/NAME/app.log.
 run_ct() {
@@ -639,13 +658,18 @@ part_podman_cuda() {
 	keep_logs $a a.checkpoint
 	plugin_lines "$RES/a.checkpoint.dump.log" | indent
 	if [ $rc != 0 ]; then fail "checkpoint --export" "rc=$rc"; return; fi
-	pass "checkpoint --export" "$ck s, archive $(du -h "$W/a.tar.zst" | cut -f1), GPU 0 memory ${used} -> $(gpu_used 0) MiB"
-	x 60 a.inspect criu-gpu inspect "$W/a.tar.zst"
+	pass "checkpoint --export" "$ck s ($(vs_bare "$ck" ck)), archive $(du -h "$W/a.tar.zst" | cut -f1), GPU 0 memory ${used} -> $(gpu_used 0) MiB"
+	# Read as a node without the zstd program reads it (the GPU machines have none): a zstd that
+	# only fails stands first on the PATH.
+	mkdir -p "$W/no-zstd"
+	printf '#!/bin/sh\necho "zstd is hidden by run.sh: criu-gpu must read .tar.zst itself" >&2\nexit 127\n' >"$W/no-zstd/zstd"
+	chmod +x "$W/no-zstd/zstd"
+	x 60 a.inspect env PATH="$W/no-zstd:$PATH" criu-gpu inspect "$W/a.tar.zst"
 	sed 's/^/    /' "$RES/a.inspect.out" | tee -a "$LOG" >/dev/null
-	check "criu-gpu inspect on the archive" "$(grep -ciE 'cuda|gpu' "$RES/a.inspect.out") lines about the GPU" \
+	check "criu-gpu inspect on the archive, no zstd program" "$(grep -ciE 'cuda|gpu' "$RES/a.inspect.out") lines about the GPU" \
 		grep -qiE 'GPU-|cuda' "$RES/a.inspect.out"
-	x 60 a.check criu-gpu check "$W/a.tar.zst"
-	check "criu-gpu check on the archive" "$(tail -1 "$RES/a.check.out")" test "$RC" = 0
+	x 60 a.check env PATH="$W/no-zstd:$PATH" criu-gpu check "$W/a.tar.zst"
+	check "criu-gpu check on the archive, no zstd program" "$(tail -1 "$RES/a.check.out")" test "$RC" = 0
 	x 60 a.rm podman rm $a
 	before=$(last_step "$lg")
 	x 180 a.restore podman container restore --keep --import "$W/a.tar.zst"
@@ -658,7 +682,7 @@ part_podman_cuda() {
 		return
 	fi
 	if healthy "$lg" && consecutive "$lg"; then
-		pass "restore --import, data checked" "$rs s; step $before -> $(last_step "$lg"), every step once, started once"
+		pass "restore --import, data checked" "$rs s ($(vs_bare "$rs" rs)); step $before -> $(last_step "$lg"), every step once, started once"
 	else
 		fail "restore --import, data checked" "$(tail -n 2 "$lg" | tr '\n' ' ')"
 	fi
@@ -904,7 +928,9 @@ part_othergpu() {
 	rc=$RC
 	keep_logs ctg-c0 c0.restore-map
 	local why
-	why=$(grep -m1 -oE 'criu_gpu:.*(cannot reach GPU|no /dev/nvidia).*' "$RES/c0.restore-map.restore.log" 2>/dev/null)
+	fact "podman's error: $(grep -v '^\s*$' "$RES/c0.restore-map.out" | tail -n 3 | tr '\n' ' ')"
+	fact "the container's directory, where CRIU's restore.log stays: $(userdata ctg-c0)"
+	why=$(refusal c0.restore-map "$RES/c0.restore-map.restore.log")
 	if [ $rc != 0 ] && [ -n "$why" ]; then
 		pass "restore of a GPU 0 container onto GPU 1 refused, with the reason" "$why"
 	elif [ $rc = 0 ] && healthy "$lg"; then
@@ -979,7 +1005,8 @@ part_runc_other() {
 	plugin_set CRIU_GPU_DEVICE_MAP
 	keep_log "$W/runc1-work2/restore.log" "$RES/runc1.restore.log"
 	local why
-	why=$(grep -m1 -oE 'criu_gpu:.*(cannot reach GPU|no /dev/nvidia).*' "$RES/runc1.restore.log" 2>/dev/null)
+	fact "runc's error: $(grep -v '^\s*$' "$RES/runc1.restore.out" | tail -n 3 | tr '\n' ' ')"
+	why=$(refusal runc1.restore "$RES/runc1.restore.log")
 	if [ $rc != 0 ] && [ -n "$why" ]; then
 		pass "runc restore with a spec giving GPU 1: refused, with the reason" "$why"
 	elif [ $rc = 0 ] && healthy "$lg"; then
@@ -1098,10 +1125,58 @@ part_failures() {
 	rm -f "$W/d.tar"
 }
 
-# ---- overhead ------------------------------------------------------------------------------
+# ---- the bare-process baseline and the overhead --------------------------------------------
+
+# part_baseline: the application as a process of this machine, dumped and restored with criu-gpu
+# (sets BARE_CK, BARE_RS). It must not inherit this script's lock (fd 9, flock): criu-gpu dump
+# would dump that lock too, and its restore wait for it while this script holds it.
+part_baseline() {
+	local blog=$W/logs/bare.log pid rc i lib=()
+	# The machine's processes have no made-up device nodes: the simulated GPUs without them.
+	[ $MODE = sim ] && sim_gpud
+	: >"$blog"
+	setsid "${BARE_APP[@]}" "$blog" "${BARE_REST[@]}" </dev/null >"$RES/bare.out" 2>&1 9>&- &
+	pid=$!
+	BARE+=("$pid")
+	wait_steps "$blog" 3 90 || { fail "bare process runs" "$(tail -n 2 "$blog" "$RES/bare.out" | tr '\n' ' ')"; return; }
+	[ $MODE = sim ] && lib=(-- --lib "$PLUG_DIR")
+	x 180 bare.dump env CRIU="$CRIU_BIN" criu-gpu dump "$pid" "$W/bare-img" "${lib[@]}"
+	rc=$RC
+	keep_log "$W/bare-img/dump.log" "$RES/bare.dump.log"
+	if [ $rc != 0 ]; then
+		fail "bare baseline: criu-gpu dump" "rc=$rc: $(grep -hE 'Error|problem' "$RES/bare.dump.out" | head -3 | tr '\n' ' ')"
+		kill -9 "$pid"
+		return
+	fi
+	local ck=$SECS
+	for i in $(seq 100); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+	x 180 bare.restore env CRIU="$CRIU_BIN" criu-gpu restore "$W/bare-img" "${lib[@]}"
+	rc=$RC
+	keep_log "$W/bare-img/restore.log" "$RES/bare.restore.log"
+	if [ $rc != 0 ] || ! healthy "$blog"; then
+		fail "bare baseline: criu-gpu restore" "rc=$rc: $(grep -hE 'Error|problem' "$RES/bare.restore.out" | head -3 | tr '\n' ' ')"
+		kill -9 "$pid" 2>/dev/null
+		return
+	fi
+	BARE_CK=$ck BARE_RS=$SECS
+	pass "bare-process baseline: criu-gpu dump / restore" "$BARE_CK s / $BARE_RS s, $APP_MIB MiB on the GPU"
+	kill -9 "$pid"
+	rm -rf "$W/bare-img"
+}
+
+# vs_bare SECS ck|rs: the ratio of a container's time to the bare baseline's, as words.
+vs_bare() {
+	local base=$BARE_CK
+	[ "$2" = rs ] && base=$BARE_RS
+	if [ -z "$base" ]; then
+		echo "no bare baseline this run"
+	else
+		echo "bare $base s, ratio $(awk -v a="$1" -v b="$base" 'BEGIN { printf "%.2f", a / b }')"
+	fi
+}
 
 part_overhead() {
-	local name=ctg-e lg=$W/logs/ctg-e/app.log blog=$W/logs/bare.log pid rc cck crs bck brs
+	local name=ctg-e lg=$W/logs/ctg-e/app.log rc cck crs
 	run_ct $name 0 || { fail "container runs"; return; }
 	x 180 e.checkpoint podman container checkpoint --keep $name || { fail "podman container checkpoint"; return; }
 	cck=$SECS
@@ -1114,29 +1189,11 @@ part_overhead() {
 		return
 	fi
 	x 60 e.rm podman rm -f -t 0 $name
-	# The same application as a process of this machine (whose processes have no made-up
-	# device nodes: the simulated GPUs without them).
-	[ $MODE = sim ] && sim_gpud
-	: >"$blog"
-	setsid "${BARE_APP[@]}" "$blog" "${BARE_REST[@]}" </dev/null >"$RES/bare.out" 2>&1 &
-	pid=$!
-	BARE+=("$pid")
-	wait_steps "$blog" 3 90 || { fail "bare process runs" "$(tail -n 2 "$blog" "$RES/bare.out" | tr '\n' ' ')"; return; }
-	local lib=()
-	[ $MODE = sim ] && lib=(-- --lib "$PLUG_DIR")
-	x 180 e.dump env CRIU="$CRIU_BIN" criu-gpu dump "$pid" "$W/bare-img" "${lib[@]}" || { fail "criu-gpu dump"; return; }
-	bck=$SECS
-	for rc in $(seq 100); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
-	x 180 e.restore-bare env CRIU="$CRIU_BIN" criu-gpu restore "$W/bare-img" "${lib[@]}"
-	rc=$RC
-	brs=$SECS
-	keep_log "$W/bare-img/dump.log" "$RES/bare.dump.log"
-	keep_log "$W/bare-img/restore.log" "$RES/bare.restore.log"
-	if [ $rc != 0 ] || ! healthy "$blog"; then fail "criu-gpu restore of the bare process" "rc=$rc"; return; fi
-	kill -9 "$pid"
-	rm -rf "$W/bare-img"
-	pass "checkpoint: container $cck s, bare $bck s, ratio $(awk -v a="$cck" -v b="$bck" 'BEGIN { printf "%.2f", a / b }')" "$APP_MIB MiB on the GPU"
-	pass "restore: container $crs s, bare $brs s, ratio $(awk -v a="$crs" -v b="$brs" 'BEGIN { printf "%.2f", a / b }')" \
+	# The baseline once more, right after: a ratio of two times taken minutes apart on a busy
+	# machine says little.
+	part_baseline
+	pass "checkpoint: container $cck s, $(vs_bare "$cck" ck)" "$APP_MIB MiB on the GPU"
+	pass "restore: container $crs s, $(vs_bare "$crs" rs)" \
 		"podman export/import of the same: ${EXPORT_S:-?} s / ${IMPORT_S:-?} s"
 }
 
@@ -1151,7 +1208,8 @@ fi
 BARE_REST=()
 [ $MODE = gpu ] && BARE_REST=("$BARE_INTERVAL")
 # A bare ct-app takes GIB SEED LOG INTERVAL; cuda-sim-app's flags come before --log LOG.
-for p in "${PARTS[@]}"; do
+BARE_CK='' BARE_RS=''
+for p in baseline "${PARTS[@]}"; do
 	PART=$p
 	if [ "$(left)" -lt 60 ]; then
 		skip "$p" "deadline: $(since "$T0") s of $DEADLINE_S s used"
@@ -1159,7 +1217,7 @@ for p in "${PARTS[@]}"; do
 	fi
 	log "== $p ($(left) s left)"
 	# The simulated GPUs have device nodes, but for ctr (see part_containerd).
-	if [ $MODE = sim ] && [ "$p" != containerd ] && [ "$SIM_NODES" != --device-nodes ]; then sim_gpud --device-nodes; fi
+	if [ $MODE = sim ] && [ "$p" != containerd ] && [ "$p" != baseline ] && [ "$SIM_NODES" != --device-nodes ]; then sim_gpud --device-nodes; fi
 	"part_${p//-/_}"
 	pack_results
 done
