@@ -409,6 +409,7 @@ fn a_log_opened_for_appending_is_rolled_back_with_its_snapshot() {
         grown.len()
     );
     assert!(t.contains(&want), "{want:?} missing from:\n{t}");
+    assert!(t.contains("the job appends to it"), "{t}");
 
     let out = criu_gpu(&sim, &c, &["restore", snap, "--truncate-grown"], &[]);
     let t = text(&out);

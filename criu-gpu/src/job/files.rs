@@ -43,6 +43,9 @@ pub struct FileState {
     /// digest is compared whatever its time says.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mapped: bool,
+    /// Opened write-only for appending: CRIU checks no size for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub appended: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -66,6 +69,8 @@ pub enum Change {
     Grew {
         from: u64,
         to: u64,
+        /// Opened for appending: CRIU would restore it as it is.
+        appended: bool,
     },
     /// Longer, and its first bytes differ from the snapshot's, or were never hashed.
     GrewChanged {
@@ -88,9 +93,20 @@ impl Change {
     pub fn describe(&self, path: &Path) -> String {
         let p = path.display();
         match self {
-            Change::Grew { from, to } => {
-                format!("{p} grew from {from} to {to} bytes since the snapshot")
-            }
+            Change::Grew {
+                from,
+                to,
+                appended: false,
+            } => format!("{p} grew from {from} to {to} bytes since the snapshot"),
+            Change::Grew {
+                from,
+                to,
+                appended: true,
+            } => format!(
+                "{p} grew from {from} to {to} bytes since the snapshot; the job appends to it, and \
+                 CRIU would restore it as it is: the restored job would write after the lines \
+                 written since"
+            ),
             Change::GrewChanged { from, to, hashed } => format!(
                 "{p} grew from {from} to {to} bytes since the snapshot, and {}",
                 if *hashed {
@@ -125,6 +141,8 @@ struct JobFile {
     writable: bool,
     /// Mapped shared and writable.
     mapped: bool,
+    /// Opened write-only for appending (and so without a size).
+    appended: bool,
 }
 
 /// The files the restore depends on: the image's regular files at their paths (unlinked ones
@@ -152,8 +170,10 @@ fn job_files(dir: &Path) -> Result<Vec<JobFile>, criu_image::CriuImageError> {
                 last.size = last.size.or(f.size);
                 last.writable |= writable;
                 last.mapped |= in_memory;
+                last.appended &= f.size.is_none();
             }
             _ => files.push(JobFile {
+                appended: f.size.is_none(),
                 name: f.name,
                 size: f.size,
                 writable,
@@ -230,6 +250,7 @@ pub fn record(dir: &Path) -> Result<FilesRecord, String> {
             mtime_ns: mtime_ns(&meta),
             digest,
             mapped: f.mapped,
+            appended: f.appended,
         });
     }
     rec.hash_seconds = start.elapsed().as_secs_f64();
@@ -261,6 +282,7 @@ fn change_of(f: &FileState) -> Option<Change> {
             Change::Grew {
                 from: f.size,
                 to: now,
+                appended: f.appended,
             }
         } else {
             Change::GrewChanged {

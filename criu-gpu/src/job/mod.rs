@@ -382,12 +382,16 @@ fn file_problems(dir: &Path, truncate: bool, plan: &mut Plan) {
             plan.notes
                 .push(format!("{what}: cut back to its size at the snapshot"));
         } else if change.can_cut_back() {
+            let why = match change {
+                files::Change::Grew { appended: true, .. } => "",
+                _ => " (CRIU restores a file only at that size)",
+            };
             plan.problems.push(Problem {
                 what,
-                fix: "its first bytes are as they were: `criu-gpu restore --truncate-grown` cuts \
-                      it back to its size at the snapshot (CRIU restores a file only at that \
-                      size)"
-                    .into(),
+                fix: format!(
+                    "its first bytes are as they were: `criu-gpu restore --truncate-grown` cuts \
+                     it back to its size at the snapshot{why}"
+                ),
             });
         } else {
             plan.problems.push(Problem {
@@ -594,7 +598,7 @@ fn cut_back_grown(dir: &Path) -> Result<(), JobError> {
         source: std::io::Error::other(e),
     })?;
     for (path, change) in cut {
-        if let files::Change::Grew { from, to } = change {
+        if let files::Change::Grew { from, to, .. } = change {
             out::line(format!(
                 "cut {} back from {to} to {from} bytes",
                 path.display()

@@ -13,6 +13,7 @@ fn snapshot(dir: &Path, name: &str, contents: &[u8]) -> FileState {
         ino: meta.ino(),
         mtime_ns: mtime_ns(&meta),
         mapped: false,
+        appended: false,
     }
 }
 
@@ -43,7 +44,14 @@ fn a_file_that_only_grew_is_named_and_cut_back_to_its_snapshot() {
     let c = changes(d.path()).unwrap();
     assert_eq!(
         c,
-        vec![(log.path.clone(), Change::Grew { from: 15, to: 31 })]
+        vec![(
+            log.path.clone(),
+            Change::Grew {
+                from: 15,
+                to: 31,
+                appended: false
+            }
+        )]
     );
     assert!(c[0]
         .1
