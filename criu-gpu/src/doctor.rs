@@ -288,6 +288,7 @@ fn gpus(opts: &Options) -> (Vec<Finding>, u64) {
                         used += g.memory_used;
                         f.push(ok("GPU", format!("{} {} {}: {} used, {} free", g.index, g.uuid, g.name, bytes(g.memory_used), bytes(g.memory_free))));
                     }
+                    f.push(host_memory(&inv));
                 }
                 Err(e) => f.push(problem("GPUs", Status::Fail, e.to_string(), "NVML ships with the NVIDIA driver (libnvidia-ml.so.1): install the driver, or name the library with --nvml PATH / CUDA_CKPT_LIBNVML")),
             }
@@ -315,6 +316,45 @@ fn gpus(opts: &Options) -> (Vec<Finding>, u64) {
         );
     }
     (f, used)
+}
+
+/// Whether host memory can take the device memory of the GPU processes running now, which their
+/// checkpoint copies there all at once (the rule the plugin and `criu-gpu dump` apply).
+fn host_memory(inv: &cuda_checkpoint_ctl::inventory::Inventory) -> Finding {
+    use cuda_checkpoint_ctl::process::{self, memory::Room};
+    use cuda_checkpoint_ctl::refusal::{self, DeviceMemory};
+    let mut processes: Vec<DeviceMemory> = Vec::new();
+    for u in &inv.processes {
+        let bytes = u.memory.unwrap_or(0);
+        match processes.iter_mut().find(|p| p.pid == u.pid) {
+            Some(p) => p.bytes += bytes,
+            None => processes.push(DeviceMemory {
+                pid: u.pid,
+                comm: process::comm(u.pid).unwrap_or_default(),
+                bytes,
+            }),
+        }
+    }
+    let pids: Vec<i32> = processes.iter().map(|p| p.pid).collect();
+    let room = Room::of(&pids);
+    if let Some(r) = refusal::host_memory(&processes, &room) {
+        return problem("memory", Status::Fail, r.what(), r.fix(""));
+    }
+    let held: u64 = processes.iter().map(|p| p.bytes).sum();
+    let available = room
+        .available
+        .map_or("MemAvailable unreadable".into(), |a| {
+            format!("{} available (MemAvailable)", bytes(a))
+        });
+    ok(
+        "memory",
+        format!(
+            "{available}: the {} GPU process(es) hold {} of device memory, which their \
+             checkpoint copies into host memory; it fits, also below their memory cgroups' limits",
+            processes.len(),
+            bytes(held)
+        ),
+    )
 }
 
 /// The node's transparent huge page policy: what a GPU checkpoint gains from `always`, and a

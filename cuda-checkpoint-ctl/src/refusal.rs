@@ -7,6 +7,8 @@ use serde::Serialize;
 
 use crate::nccl::{self, Transport};
 use crate::process::io_uring::{self, IoUring};
+use crate::process::memory::{Limit, Room};
+use crate::units::bytes;
 
 /// What the CRIU in use does with io_uring rings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -37,6 +39,28 @@ pub enum Refusal {
     NcclTransports {
         ranks: Vec<(i32, String, Vec<Transport>)>,
     },
+    /// Device memory that host memory cannot hold all at once (the checkpoint copies it there).
+    HostMemory {
+        processes: Vec<DeviceMemory>,
+        short: Vec<Shortfall>,
+    },
+}
+
+/// A process whose device memory a checkpoint copies into its host memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceMemory {
+    pub pid: i32,
+    pub comm: String,
+    pub bytes: u64,
+}
+
+/// Where the device memory of a checkpoint does not fit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum Shortfall {
+    /// The node's `MemAvailable`.
+    Node { available: u64, need: u64 },
+    /// A memory cgroup's limit, for the processes below it.
+    Cgroup { limit: Limit, need: u64 },
 }
 
 /// The io_uring rings of process `pid` that the CRIU in use cannot dump, if any.
@@ -91,6 +115,31 @@ pub fn nccl(ranks: &[(i32, String)], config: impl Fn(i32) -> nccl::Config) -> Op
     })
 }
 
+/// The checkpoint of `processes` when host memory (`room`: the node's, each limited cgroup's)
+/// cannot take all of their device memory at once.
+pub fn host_memory(processes: &[DeviceMemory], room: &Room) -> Option<Refusal> {
+    let processes: Vec<DeviceMemory> = processes.iter().filter(|p| p.bytes > 0).cloned().collect();
+    let need: u64 = processes.iter().map(|p| p.bytes).sum();
+    let mut short = Vec::new();
+    if let Some(available) = room.available.filter(|a| *a < need) {
+        short.push(Shortfall::Node { available, need });
+    }
+    for limit in &room.limits {
+        let need: u64 = processes
+            .iter()
+            .filter(|p| limit.pids.contains(&p.pid))
+            .map(|p| p.bytes)
+            .sum();
+        if need > limit.left() {
+            short.push(Shortfall::Cgroup {
+                limit: limit.clone(),
+                need,
+            });
+        }
+    }
+    (!short.is_empty()).then_some(Refusal::HostMemory { processes, short })
+}
+
 impl Refusal {
     /// What is wrong, naming the processes.
     pub fn what(&self) -> String {
@@ -129,6 +178,20 @@ impl Refusal {
                     each.join(", ")
                 )
             }
+            Refusal::HostMemory { processes, short } => {
+                let each: Vec<String> = processes
+                    .iter()
+                    .map(|p| format!("process {} ({}, {})", p.pid, p.comm, bytes(p.bytes)))
+                    .collect();
+                let short: Vec<String> = short.iter().map(Shortfall::what).collect();
+                format!(
+                    "the GPU checkpoint copies the device memory of {} into host memory, all at \
+                     once, where it does not fit: {}; the kernel would end processes (out of \
+                     memory) in the middle of the checkpoint",
+                    each.join(", "),
+                    short.join("; ")
+                )
+            }
         }
     }
 
@@ -163,6 +226,52 @@ impl Refusal {
                  do not talk to each other through NCCL, {skip}",
                 nccl::SHM_WITHOUT_CUMEM,
                 nccl::SOCKETS_ONLY
+            ),
+            Refusal::HostMemory { short, .. } => {
+                let each: Vec<String> = short.iter().map(Shortfall::fix).collect();
+                each.join("; ")
+            }
+        }
+    }
+}
+
+impl Shortfall {
+    fn what(&self) -> String {
+        match self {
+            Shortfall::Node { available, need } => format!(
+                "this node has {} available (MemAvailable), {} needed",
+                bytes(*available),
+                bytes(*need)
+            ),
+            Shortfall::Cgroup { limit, need } => {
+                let pids: Vec<String> = limit.pids.iter().map(i32::to_string).collect();
+                format!(
+                    "the memory cgroup {} allows {} more (limit {}, {} in use), and its \
+                     process(es) {} need {}",
+                    limit.cgroup.display(),
+                    bytes(limit.left()),
+                    bytes(limit.max),
+                    bytes(limit.current),
+                    pids.join(", "),
+                    bytes(*need)
+                )
+            }
+        }
+    }
+
+    fn fix(&self) -> String {
+        match self {
+            Shortfall::Node { available, need } => format!(
+                "free {} of host memory on this node (MemAvailable must reach {}; swap does not \
+                 count), or checkpoint the job on a node with more",
+                bytes(need - available),
+                bytes(*need)
+            ),
+            Shortfall::Cgroup { limit, need } => format!(
+                "raise the memory limit of {} to at least {} (a container's memory limit, e.g. \
+                 resources.limits.memory)",
+                limit.cgroup.display(),
+                bytes(limit.current + need)
             ),
         }
     }
@@ -219,6 +328,66 @@ mod tests {
         // A process without rings is never refused.
         let me = std::process::id() as i32;
         assert_eq!(io_uring(me, "me", RingSupport::None), None);
+    }
+
+    /// Both the node and a container's cgroup too small: each named with its numbers and fix;
+    /// enough room, or nothing known, refuses nothing.
+    #[test]
+    fn device_memory_that_host_memory_cannot_hold_is_refused_with_the_numbers() {
+        let gib = 1u64 << 30;
+        let procs = [
+            DeviceMemory {
+                pid: 10,
+                comm: "train".into(),
+                bytes: 20 * gib,
+            },
+            DeviceMemory {
+                pid: 11,
+                comm: "idle".into(),
+                bytes: 0,
+            },
+        ];
+        let pod = Limit {
+            cgroup: "/sys/fs/cgroup/pod".into(),
+            max: 16 * gib,
+            current: 12 * gib,
+            pids: vec![10],
+        };
+        let room = Room {
+            available: Some(8 * gib),
+            limits: vec![pod.clone()],
+        };
+        let r = host_memory(&procs, &room).unwrap();
+        let (what, fix) = (r.what(), r.fix(""));
+        assert!(
+            what.contains("device memory of process 10 (train, 20.00 GiB) into host memory")
+                && !what.contains("idle")
+                && what.contains("this node has 8.00 GiB available (MemAvailable), 20.00 GiB")
+                && what.contains(
+                    "/sys/fs/cgroup/pod allows 4.00 GiB more (limit 16.00 GiB, 12.00 GiB in use), \
+                     and its process(es) 10 need 20.00 GiB"
+                ),
+            "{what}"
+        );
+        assert!(
+            fix.contains("free 12.00 GiB of host memory")
+                && fix.contains("limit of /sys/fs/cgroup/pod to at least 32.00 GiB"),
+            "{fix}"
+        );
+        let enough = Room {
+            available: Some(21 * gib),
+            limits: vec![Limit {
+                max: 40 * gib,
+                ..pod
+            }],
+        };
+        assert_eq!(host_memory(&procs, &enough), None);
+        assert_eq!(host_memory(&procs, &Room::default()), None);
+        let exactly = Room {
+            available: Some(20 * gib),
+            limits: vec![],
+        };
+        assert_eq!(host_memory(&procs, &exactly), None);
     }
 
     #[test]

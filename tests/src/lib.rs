@@ -15,6 +15,7 @@ pub mod criu;
 pub mod held;
 pub mod job;
 pub mod kube;
+pub mod memcg;
 pub mod podman;
 
 /// A container root file system holding the test application, the simulated driver and the C

@@ -1,9 +1,11 @@
 //! What a job's process tree holds that decides CRIU's options and the preflight: GPU and NCCL
-//! processes, io_uring instances, unlinked files, TCP sockets, terminals, file locks, and whether
-//! the tree is a session of its own. Read once from /proc, before anything is frozen.
+//! processes and their device memory, io_uring instances, unlinked files, TCP sockets, terminals,
+//! file locks, whether the tree is a session of its own, and the host memory left to it. Read
+//! once from /proc, before anything is frozen.
 
 use std::net::SocketAddr;
 
+use cuda_checkpoint_ctl::process::memory::Room;
 use cuda_checkpoint_ctl::process::{self, IoUring, TcpSocket, TcpState, Unlinked};
 
 /// One process of the job.
@@ -16,6 +18,8 @@ pub struct Member {
     pub cuda: bool,
     /// It maps NCCL.
     pub nccl: bool,
+    /// Its device memory as NVML shows it (what a checkpoint copies into its host memory).
+    pub device_memory: Option<u64>,
     pub io_uring: Option<IoUring>,
     pub unlinked: Vec<Unlinked>,
     pub terminal: bool,
@@ -33,6 +37,8 @@ pub struct JobFacts {
     pub locks: Vec<i32>,
     /// The root's session or process group leader is outside the tree (a shell's job).
     pub shell_job: bool,
+    /// The host memory left to the job: the node's, its memory cgroups'.
+    pub room: Room,
 }
 
 impl JobFacts {
@@ -66,6 +72,7 @@ impl JobFacts {
             || members.iter().any(|m| m.terminal);
         Some(JobFacts {
             root,
+            room: Room::of(&pids),
             members,
             tcp,
             locks,
@@ -124,6 +131,22 @@ impl JobFacts {
         }
     }
 
+    /// Each CUDA process's device memory, as NVML shows it (its library from CUDA_CKPT_LIBNVML,
+    /// as the plugin's). Without NVML it stays unknown.
+    pub fn read_device_memory(&mut self) {
+        use cuda_checkpoint_ctl::inventory::Inventory;
+        if !self.members.iter().any(|m| m.cuda) {
+            return;
+        }
+        let Ok(inv) = Inventory::query(None) else {
+            return;
+        };
+        for m in self.members.iter_mut().filter(|m| m.cuda) {
+            let usage = inv.usage_of(m.pid);
+            m.device_memory = Some(usage.iter().filter_map(|u| u.memory).sum());
+        }
+    }
+
     /// The largest unlinked file the job holds, and which process holds it.
     pub fn largest_unlinked(&self) -> Option<(&Member, &Unlinked)> {
         self.members
@@ -141,6 +164,7 @@ fn member(pid: i32) -> Option<Member> {
         starttime: process::starttime(pid).unwrap_or(0),
         cuda: libs.libcuda,
         nccl: libs.nccl,
+        device_memory: None,
         io_uring: process::io_uring(pid).ok().flatten(),
         unlinked: process::unlinked(pid).unwrap_or_default(),
         terminal: process::has_terminal(pid),

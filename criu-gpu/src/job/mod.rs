@@ -178,10 +178,11 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
     })
 }
 
-/// The job's processes, with which of them hold CUDA state confirmed.
+/// The job's processes, with which of them hold CUDA state confirmed, and their device memory.
 fn read_job(pid: i32) -> Result<JobFacts, JobError> {
     let mut facts = JobFacts::read(pid).ok_or(JobError::NoProcess(pid))?;
     facts.confirm_cuda();
+    facts.read_device_memory();
     Ok(facts)
 }
 

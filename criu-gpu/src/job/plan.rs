@@ -3,7 +3,7 @@
 //! each with its fix.
 
 use cuda_checkpoint_ctl::nccl;
-use cuda_checkpoint_ctl::refusal::{self, Refusal, RingSupport};
+use cuda_checkpoint_ctl::refusal::{self, DeviceMemory, Refusal, RingSupport};
 use serde::Serialize;
 
 use super::facts::JobFacts;
@@ -48,6 +48,7 @@ impl Plan {
         let mut p = Plan::default();
         p.io_uring(facts, rings);
         p.nccl(facts);
+        p.host_memory(facts);
         p.ghosts(facts);
         p.tcp(facts, lock);
         if facts.shell_job {
@@ -99,6 +100,24 @@ impl Plan {
             .map(|m| (m.pid, m.comm.clone()))
             .collect();
         if let Some(r) = refusal::nccl(&ranks, |pid| nccl::Config::of(pid).unwrap_or_default()) {
+            self.refuse(r);
+        }
+    }
+
+    /// The device memory the checkpoint copies into host memory, against the room left there.
+    fn host_memory(&mut self, facts: &JobFacts) {
+        let processes: Vec<DeviceMemory> = facts
+            .members
+            .iter()
+            .filter_map(|m| {
+                Some(DeviceMemory {
+                    pid: m.pid,
+                    comm: m.comm.clone(),
+                    bytes: m.device_memory?,
+                })
+            })
+            .collect();
+        if let Some(r) = refusal::host_memory(&processes, &facts.room) {
             self.refuse(r);
         }
     }
@@ -199,6 +218,7 @@ impl Plan {
 mod tests {
     use super::*;
     use crate::job::facts::Member;
+    use cuda_checkpoint_ctl::process::memory::Room;
     use cuda_checkpoint_ctl::process::Unlinked;
 
     fn job(unlinked: u64, shell: bool) -> JobFacts {
@@ -210,6 +230,7 @@ mod tests {
                 starttime: 1,
                 cuda: true,
                 nccl: false,
+                device_memory: Some(3 << 30),
                 io_uring: None,
                 unlinked: vec![Unlinked {
                     path: "/dev/shm/nccl-x".into(),
@@ -221,6 +242,7 @@ mod tests {
             tcp: Vec::new(),
             locks: vec![1],
             shell_job: shell,
+            room: Room::default(),
         }
     }
 
@@ -240,5 +262,21 @@ mod tests {
         let p = Plan::make(&job(4096, true), None, RingSupport::None);
         assert!(!p.dump_args().join(" ").contains("ghost"));
         assert!(p.restore_args().contains(&"--shell-job".to_string()));
+    }
+
+    /// 3 GiB of device memory and 2 GiB available: a problem with the numbers.
+    #[test]
+    fn device_memory_that_host_memory_cannot_hold_is_a_problem() {
+        let mut j = job(4096, false);
+        j.room.available = Some(2 << 30);
+        let p = Plan::make(&j, None, RingSupport::None);
+        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert!(
+            p.problems[0]
+                .what
+                .contains("2.00 GiB available (MemAvailable), 3.00 GiB needed"),
+            "{:?}",
+            p.problems
+        );
     }
 }

@@ -78,16 +78,17 @@ pub fn hold(pid: i32, tid: i32) -> Option<Hold> {
     }
 }
 
-/// A cgroup hierarchy that can freeze, as this process sees it mounted.
+/// A cgroup hierarchy with a controller (the freezer, memory), as this process sees it mounted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct CgroupMount {
-    version: CgroupVersion,
+pub(super) struct CgroupMount {
+    pub(super) version: CgroupVersion,
     /// The path inside the hierarchy that is mounted (`/` unless a namespace or bind mount).
-    root: String,
-    point: PathBuf,
+    pub(super) root: String,
+    pub(super) point: PathBuf,
 }
 
-fn cgroup_mounts() -> Vec<CgroupMount> {
+/// The v2 hierarchy, and the v1 hierarchy of `controller` where one is mounted (hybrid machines).
+pub(super) fn cgroup_mounts(controller: &str) -> Vec<CgroupMount> {
     let Ok(mounts) = procfs::process::Process::myself().and_then(|p| p.mountinfo()) else {
         return Vec::new();
     };
@@ -96,7 +97,7 @@ fn cgroup_mounts() -> Vec<CgroupMount> {
         .filter_map(|m| {
             let version = match m.fs_type.as_str() {
                 "cgroup2" => CgroupVersion::V2,
-                "cgroup" if m.super_options.contains_key("freezer") => CgroupVersion::V1,
+                "cgroup" if m.super_options.contains_key(controller) => CgroupVersion::V1,
                 _ => return None,
             };
             Some(CgroupMount {
@@ -112,7 +113,7 @@ fn cgroup_mounts() -> Vec<CgroupMount> {
 /// `/proc/PID/task/TID`: threads of a v2 threaded cgroup may differ).
 fn freezer_of(task: &str) -> Option<Freezer> {
     let cgroups = fs::read_to_string(format!("{task}/cgroup")).ok()?;
-    freezer_in(&cgroups, &cgroup_mounts())
+    freezer_in(&cgroups, &cgroup_mounts("freezer"))
 }
 
 fn read_in(dir: &Path, file: &str) -> String {

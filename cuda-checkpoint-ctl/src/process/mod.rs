@@ -6,6 +6,7 @@ mod files;
 mod hold;
 pub mod io_uring;
 pub mod maps;
+pub mod memory;
 mod net;
 
 pub use self::environ::{environ, in_root};

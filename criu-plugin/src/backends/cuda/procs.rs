@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 
+use cuda_checkpoint_ctl::process::memory::Room;
 use cuda_checkpoint_ctl::process::{self, Libraries};
 use cuda_checkpoint_ctl::refusal::{self, Refusal, RingSupport};
 
@@ -31,6 +32,8 @@ pub trait Procs: Send {
     fn io_uring(&self, pid: i32, support: RingSupport) -> Option<Refusal>;
     /// Its unnamed private writable mappings (`process::maps`).
     fn anon_writable(&self, pid: i32) -> std::io::Result<Vec<Range<u64>>>;
+    /// The host memory left to the processes: the node's, their memory cgroups'.
+    fn room(&self, pids: &[i32]) -> Room;
 }
 
 /// This machine.
@@ -86,6 +89,9 @@ impl Procs for Real {
     }
     fn anon_writable(&self, pid: i32) -> std::io::Result<Vec<Range<u64>>> {
         process::maps::anon_writable(pid)
+    }
+    fn room(&self, pids: &[i32]) -> Room {
+        Room::of(pids)
     }
     fn kill(&self, pid: i32) {
         // CRIU holds the restored threads in ptrace-stop: reap what only it can (core::kill).

@@ -6,7 +6,6 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
-use cuda_checkpoint_ctl::inventory::Inventory;
 use cuda_checkpoint_ctl::process::maps;
 
 use criu_gpu_image::cuda::{Span, Usage};
@@ -42,11 +41,14 @@ impl Dump {
         let Phase::Paused(tree) = &mut self.phase else {
             return Ok(());
         };
-        let inventory_seq = self.link.inventory.take();
+        self.ctx.still_seized(host, &tree.cuda)?;
+        let within = Instant::now() + Duration::from_secs(10);
+        if !self.link.inventory_into(tree, within)? && self.link.inventory.is_some() {
+            tracing::info!("NVML did not answer in 10 s; GPU usage not recorded");
+        }
+        usage(tree);
         let g = self.link.started()?;
         let ctx = &self.ctx;
-        ctx.still_seized(host, &tree.cuda)?;
-        usage(g, inventory_seq, tree)?;
         let todo: Vec<&Proc> = tree
             .cuda
             .iter()
@@ -191,21 +193,8 @@ impl Ctx {
     }
 }
 
-/// NVML's answer (asked when the guardian started): GPU memory per process, all GPUs.
-fn usage(
-    g: &mut Guardian,
-    seq: Option<Ticket<Inventory>>,
-    tree: &mut Tree,
-) -> Result<(), HookError> {
-    if let Some(seq) = seq {
-        let within = Instant::now() + Duration::from_secs(10);
-        g.wait_all(&[seq], within, &mut || {})?;
-        match g.take(seq) {
-            Some(Ok(inv)) => tree.inventory = Some(inv),
-            Some(Err(e)) => tracing::info!("NVML unavailable, GPU usage not recorded: {e}"),
-            None => tracing::info!("NVML did not answer in 10 s; GPU usage not recorded"),
-        }
-    }
+/// Each process's GPU memory, as NVML answered (asked when the guardian started).
+fn usage(tree: &mut Tree) {
     if let Some(inv) = &tree.inventory {
         for p in &mut tree.cuda {
             p.usage = inv
@@ -218,7 +207,6 @@ fn usage(
                 .collect();
         }
     }
-    Ok(())
 }
 
 /// The checkpoints of `todo` (asked as `seqs`) that failed, and why.

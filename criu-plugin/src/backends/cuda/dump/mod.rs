@@ -110,6 +110,26 @@ impl Link {
             .as_mut()
             .ok_or(HookError::from(GuardianError::Gone(0)))
     }
+
+    /// Puts NVML's answer into `tree` once it has come, waiting for it until `until`; whether
+    /// `tree` has it. An answer that has not come yet is left for a later call.
+    fn inventory_into(&mut self, tree: &mut Tree, until: Instant) -> Result<bool, HookError> {
+        let Some(seq) = self.inventory else {
+            return Ok(tree.inventory.is_some());
+        };
+        let g = self.started()?;
+        g.wait_all(&[seq], until, &mut || {})?;
+        match g.take(seq) {
+            Some(Ok(inv)) => tree.inventory = Some(inv),
+            Some(Err(e)) => tracing::info!(
+                "NVML unavailable, the processes' GPU memory is unknown (not recorded, host \
+                 memory not checked): {e}"
+            ),
+            None => return Ok(false),
+        }
+        self.inventory = None;
+        Ok(tree.inventory.is_some())
+    }
 }
 
 impl Dump {

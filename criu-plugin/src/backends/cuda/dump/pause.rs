@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
+use cuda_checkpoint_ctl::refusal::{self, DeviceMemory};
 
-use super::{Ctx, Dump, Phase, Proc};
+use super::{Ctx, Dump, Phase, Proc, Tree};
 use crate::backends::cuda::error::{ActionFailure, DumpError, Who};
 use crate::backends::cuda::INVENTORY_NAME;
 use crate::core::{stats, HookError, HookResult, Host, Stage, Verdict};
@@ -16,6 +17,9 @@ use crate::guardian::{Guardian, Ticket};
 
 /// How long the driver may take to name the restore threads (it answers at once).
 const PROBE_WAIT: Duration = Duration::from_secs(2);
+/// The longest the locks wait for NVML's answer (asked as the guardian started), to check host
+/// memory; at most a quarter of the seize budget.
+const NVML_WAIT: Duration = Duration::from_secs(5);
 
 /// A process that holds CUDA state: the driver named its restore thread.
 struct Holder {
@@ -46,6 +50,17 @@ impl Dump {
         let holders = ctx.holders(g, &candidates, deadline)?;
         ctx.refuse(host, &holders)?;
         let found = ctx.initial_states(g, host.criu_pid(), holders, deadline)?;
+        if let Phase::Paused(tree) = &mut self.phase {
+            let nvml_until = deadline.min(Instant::now() + (budget / 4).min(NVML_WAIT));
+            if self.link.inventory_into(tree, nvml_until)? {
+                ctx.refuse_short_memory(tree, &found)?;
+            } else if self.link.inventory.is_some() {
+                tracing::info!(
+                    "NVML has not answered yet: host memory was not checked before the locks"
+                );
+            }
+        }
+        let g = self.link.started()?;
         if !found.is_empty() && !self.required {
             self.required = host.require_on_restore(INVENTORY_NAME);
         }
@@ -143,6 +158,35 @@ impl Ctx {
             }
         }
         Ok(())
+    }
+
+    /// Refuses the checkpoint, before any lock, when host memory cannot take the device memory
+    /// of every CUDA process of the tree at once (the rule set's `host_memory`). Processes
+    /// already checkpointed by someone else hold theirs in host memory already.
+    fn refuse_short_memory(&self, tree: &Tree, found: &[Proc]) -> Result<(), HookError> {
+        let Some(inv) = &tree.inventory else {
+            return Ok(());
+        };
+        let processes: Vec<DeviceMemory> = tree
+            .cuda
+            .iter()
+            .chain(found)
+            .filter(|p| p.initial != ProcessState::Checkpointed)
+            .map(|p| DeviceMemory {
+                pid: p.who.pid,
+                comm: p.who.comm.clone(),
+                bytes: inv
+                    .usage_of(p.who.pid)
+                    .iter()
+                    .filter_map(|u| u.memory)
+                    .sum(),
+            })
+            .collect();
+        let pids: Vec<i32> = processes.iter().map(|p| p.pid).collect();
+        match refusal::host_memory(&processes, &self.procs.room(&pids)) {
+            Some(r) => Err(HookError::gpu(DumpError::Refused(r))),
+            None => Ok(()),
+        }
     }
 
     /// Each holder's CUDA state before the dump, asked of the driver for all at once: the

@@ -1,6 +1,7 @@
 //! Dumps: what is locked, checkpointed and undone, and what is refused.
 
 use super::*;
+use crate::backends::cuda::error::DumpError;
 
 #[test]
 fn a_dump_locks_every_cuda_process_at_the_first_pause_then_checkpoints_all() {
@@ -382,6 +383,62 @@ fn nccl_ranks_whose_transports_cannot_be_restored_are_refused_before_any_lock() 
 
     let w = World::new(&[(10, R), (11, R)], &[]).set("CRIU_GPU_NCCL_CHECK", "0");
     w.tree.0.lock().unwrap().nccl.extend([10, 11]);
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    c.exit(&w.host, Stage::Dump, true);
+}
+
+/// The refusal a hook answered with, if it is the rule set's.
+fn refusal_of(r: &HookResult) -> Option<&Refusal> {
+    let Err(HookError::Gpu(e)) = r else {
+        return None;
+    };
+    match e.downcast_ref::<DumpError>() {
+        Some(DumpError::Refused(refusal)) => Some(refusal),
+        _ => None,
+    }
+}
+
+/// Host memory that cannot take the device memory of every CUDA process at once (each holds
+/// 1 GiB here), on the node or under a container's memory limit, refuses the dump before any
+/// lock; a process already checkpointed by someone else needs nothing more.
+#[test]
+fn device_memory_that_host_memory_cannot_hold_is_refused_before_any_lock() {
+    let gib = 1u64 << 30;
+    let node = Room {
+        available: Some(gib + gib / 2),
+        limits: Vec::new(),
+    };
+    let pod = Room {
+        available: Some(64 * gib),
+        limits: vec![Limit {
+            cgroup: "/sys/fs/cgroup/pod".into(),
+            max: 4 * gib,
+            current: 3 * gib + gib / 2,
+            pids: vec![11],
+        }],
+    };
+    for room in [node, pod] {
+        let w = World::new(&[(10, R), (11, R)], &[]);
+        w.tree.0.lock().unwrap().room = room;
+        let (mut c, r) = w.dump(Stage::Dump);
+        assert!(
+            matches!(refusal_of(&r[0]), Some(Refusal::HostMemory { .. })),
+            "{r:?}"
+        );
+        assert!(
+            !w.gpu.m().calls.iter().any(|c| c.starts_with("Lock")),
+            "{:?}",
+            w.gpu.m().calls
+        );
+        c.exit(&w.host, Stage::Dump, false);
+        assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R));
+    }
+    let w = World::new(&[(10, R), (11, C)], &[]);
+    w.tree.0.lock().unwrap().room = Room {
+        available: Some(gib + gib / 2),
+        limits: Vec::new(),
+    };
     let (mut c, r) = w.dump(Stage::Dump);
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
     c.exit(&w.host, Stage::Dump, true);

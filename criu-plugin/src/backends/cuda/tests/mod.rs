@@ -12,6 +12,7 @@ use cuda_checkpoint_ctl::driver::{
 };
 use cuda_checkpoint_ctl::inventory::{Gpu, GpuUsage, Inventory};
 use cuda_checkpoint_ctl::nccl;
+use cuda_checkpoint_ctl::process::memory::{Limit, Room};
 use cuda_checkpoint_ctl::process::Libraries;
 use cuda_checkpoint_ctl::refusal::{self, Refusal, RingSupport};
 
@@ -272,6 +273,8 @@ struct TreeState {
     killed: Vec<i32>,
     /// Plain memory per process, as successive reads see it (the last one stays).
     anon: BTreeMap<i32, Vec<Vec<Range<u64>>>>,
+    /// The host memory left (default: unknown, nothing refused).
+    room: Room,
 }
 
 impl Procs for Tree {
@@ -319,6 +322,9 @@ impl Procs for Tree {
             Some(reads) => reads.first().cloned().unwrap_or_default(),
             None => Vec::new(),
         })
+    }
+    fn room(&self, _pids: &[i32]) -> Room {
+        self.0.lock().unwrap().room.clone()
     }
     fn io_uring(&self, pid: i32, support: RingSupport) -> Option<Refusal> {
         let t = self.0.lock().unwrap();
