@@ -13,7 +13,8 @@
 #   /etc/criu/gpu-plugin.conf          (the plugin's settings, all commented out)
 #   /etc/criu/runc.conf, crun.conf     (criu options for container runtimes, if not present; the
 #                                       network lock this node can take on a marked line, always)
-#   /usr/local/bin/criu-gpu            (the operator's command: check, inspect, doctor, image,
+#   /usr/local/bin/criu-gpu            (the operator's command: dump, restore, check, inspect,
+#                                       doctor, runtime-config, image,
 #                                       node checkpoint|drain|restore)
 #   /usr/local/bin/criu-gpu-check      (its old name for `criu-gpu check`)
 #   Podman, containerd, runc, zstd     (Debian packages: container checkpoints; --no-containers

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 #[command(
     name = "criu-gpu",
     version,
-    about = "Checkpoints of GPU processes and containers: check, inspect, node readiness, Kubernetes node drain and restore",
+    about = "Checkpoints of GPU processes and containers: dump and restore a GPU job, check, inspect, node readiness, Kubernetes node drain and restore",
     after_help = "Exit status: 0 done or OK; 1 refused or failed (the reason is printed); 2 bad usage or unreadable input.\n\
                   `criu-gpu-check PATH` is the same as `criu-gpu check PATH`."
 )]
