@@ -1,8 +1,14 @@
 #!/bin/bash
-# Set-up, step one: installs what the project needs, builds it, installs it, and runs the demo
-# (a GPU process checkpointed and restored through CRIU with the plugin).
+# Set-up, step one (a developer's or CI's machine): installs what the project needs, builds it,
+# installs it, and runs the demo (a GPU process checkpointed and restored through CRIU with the
+# plugin). A node in production is installed from the packages of scripts/bundle.sh instead: no
+# Rust there, no test tooling.
 #
-#   sudo scripts/install.sh [--no-demo] [--no-containers]
+#   sudo scripts/install.sh [--with-containers] [--no-demo]
+#
+# --with-containers: Podman, containerd, runc and zstd from the distribution, which the container
+# tests run (scripts/test.sh needs them). Only when asked: on a Kubernetes node they would fight
+# the container runtime already there.
 #
 # Installs:
 #   $PREFIX/sbin/criu                 the project's CRIU (4.2.1 + third_party/criu/patches) and
@@ -17,8 +23,9 @@
 #                                       doctor, runtime-config, image,
 #                                       node checkpoint|drain|restore)
 #   /usr/local/bin/criu-gpu-check      (its old name for `criu-gpu check`)
-#   Podman, containerd, runc, zstd     (Debian packages: container checkpoints; --no-containers
-#                                       leaves them out)
+#   Podman, containerd, runc, zstd     (Debian packages, with --with-containers only)
+#   the tests' tools                   (Debian packages: shellcheck lints the scripts, mmdebstrap
+#                                       makes the fresh root the packages are installed into)
 #   /usr/local/lib/criu-gpu/sim/       the simulated driver (libcuda.so.1, libnvidia-ml.so.1),
 #   /usr/local/bin/cuda-sim-gpud, cuda-sim-app   used only when selected explicitly
 # Everything is installed stripped; the debug information (line tables: enough for a backtrace
@@ -30,11 +37,12 @@ PREFIX=${PREFIX:-/usr/local}
 CRIU_PLUGIN_DIR=${CRIU_PLUGIN_DIR:-/usr/lib/criu}
 DEBUG_DIR=${DEBUG_DIR:-/usr/lib/debug}
 demo=1
-containers=1
+containers=0
 for a in "$@"; do
 	case $a in
 	--no-demo) demo=0 ;;
-	--no-containers) containers=0 ;;
+	--with-containers) containers=1 ;;
+	--no-containers) containers=0 ;; # the default now; kept for old command lines
 	*) echo "install.sh: unknown option $a" >&2; exit 2 ;;
 	esac
 done
@@ -53,8 +61,10 @@ if [ $containers = 1 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get install -y -qq --no-install-recommends podman containerd runc uidmap zstd tar >/dev/null
 fi
-say "shellcheck (the tests lint the scripts)"
-command -v shellcheck >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck >/dev/null
+say "shellcheck, mmdebstrap (the tests lint the scripts, install the packages into a fresh root)"
+for tool in shellcheck mmdebstrap; do
+	command -v $tool >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $tool >/dev/null
+done
 export PATH="$PREFIX/sbin:$PATH"
 
 say "building (release)"

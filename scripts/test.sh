@@ -18,6 +18,32 @@ cd "$root"
 export PATH="/usr/local/sbin:$PATH"
 [ "$(id -u)" = 0 ] || { echo "test.sh: run as root (the tests drive CRIU)" >&2; exit 1; }
 step() { printf '\n== %s\n' "$*"; }
+missing=()
+for tool in podman runc containerd ctr mmdebstrap; do
+	command -v "$tool" >/dev/null || missing+=("$tool")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "test.sh: ${missing[*]} missing: the tests run Podman and containerd for real and install" \
+		"the packages into a fresh root; run bash scripts/install.sh --with-containers first" >&2
+	exit 1
+fi
+
+# Commit subjects of at most 72 characters (the rest in the body), from COMMIT_BASE on: the
+# commit before the rule; earlier history stays as it was.
+COMMIT_BASE=${COMMIT_BASE:-5d7fe961c8d8c3870b0dcb69fa411d3e6b0fac5e}
+step "commit subjects since ${COMMIT_BASE:0:10}: at most 72 characters"
+if git rev-parse -q --verify "$COMMIT_BASE^{commit}" >/dev/null 2>&1; then
+	long=$(git log --format='%h %s' "$COMMIT_BASE..HEAD" | awk '{ s = substr($0, index($0, " ") + 1) } length(s) > 72 { print length(s) ": " $0 }')
+	if [ -n "$long" ]; then
+		printf '%s\n' "$long"
+		echo "test.sh: commit subjects over 72 characters (above): reword them (git rebase -i" \
+			"$COMMIT_BASE, reword), the rest of the text going into the body" >&2
+		exit 1
+	fi
+	echo "ok: $(git rev-list --count "$COMMIT_BASE..HEAD") commit(s)"
+else
+	echo "no history back to $COMMIT_BASE here (a shallow clone or no git): not checked"
+fi
 
 step "format"
 cargo fmt --all -- --check
@@ -45,6 +71,21 @@ if cargo tree --locked -p criu-gpu-plugin -e normal --prefix none | grep -q '^cl
 	exit 1
 fi
 echo "ok: no clap in the plugin's dependency graph"
+step "the operator's packages, built and installed by apt into a fresh root"
+bash scripts/bundle.sh "$root/target/bundle"
+bash scripts/test-bundle.sh "$root/target/bundle"
+step "demo.sh --gpu names what it needs"
+if ! cuda-checkpoint-ctl --gpus >/dev/null 2>&1; then
+	if bash scripts/demo.sh --gpu >/tmp/demo-gpu.$$ 2>&1 || ! grep -q 'needs an NVIDIA GPU' /tmp/demo-gpu.$$; then
+		cat /tmp/demo-gpu.$$
+		echo "test.sh: on a machine without a GPU, demo.sh --gpu must stop, naming the GPU and driver" >&2
+		exit 1
+	fi
+	cat /tmp/demo-gpu.$$
+	rm -f /tmp/demo-gpu.$$
+else
+	echo "this machine has a GPU: bash scripts/demo.sh --gpu runs the demo on it"
+fi
 step "the project's CRIU patches (stock and patched CRIU)"
 for t in third_party/criu/tests/*.sh; do
 	bash "$t"

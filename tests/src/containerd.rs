@@ -19,7 +19,7 @@ pub fn require() {
                 .arg("--version")
                 .output()
                 .is_ok_and(|o| o.status.success()),
-            "{tool} is missing: run scripts/install.sh (it installs Debian's containerd and runc)"
+            "{tool} is missing: run scripts/install.sh --with-containers (it installs Debian's containerd and runc)"
         );
     }
 }

@@ -30,7 +30,7 @@ pub fn require() {
                 .arg("--version")
                 .output()
                 .is_ok_and(|o| o.status.success()),
-            "{tool} is missing: run scripts/install.sh (it installs Podman and runc)"
+            "{tool} is missing: run scripts/install.sh --with-containers (it installs Podman and runc)"
         );
     }
 }

@@ -34,7 +34,7 @@ if [ $carry = 1 ]; then
 fi
 bins=(/usr/bin/podman /usr/bin/conmon /usr/sbin/runc /usr/bin/containerd /usr/bin/ctr /usr/bin/containerd-shim-runc-v2)
 for b in "${bins[@]}" /etc/containers/policy.json /etc/containers/registries.conf; do
-	[ -e "$b" ] || { echo "pack.sh: $b missing: run scripts/install.sh (it installs Podman, containerd and runc)" >&2; exit 1; }
+	[ -e "$b" ] || { echo "pack.sh: $b missing: run scripts/install.sh --with-containers (it installs Podman, containerd and runc)" >&2; exit 1; }
 done
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
