@@ -58,6 +58,8 @@ verify() {
 # The same round trip on the machine's GPU, with the nvcc-built application.
 gpu_demo() {
 	gpu_needs
+	echo "commit $(git -C "$root" describe --dirty --always 2>/dev/null || echo unknown)," \
+		"plugin build-id $(readelf -n "$PLUGINS/criu_gpu_plugin.so" 2>/dev/null | awk '/Build ID:/ { print $3 }')"
 	nvcc -O2 -o "$work/gpu-app" "$root/scripts/gpu/gpu-app.cu" || need "a working nvcc" "nvcc failed (above)"
 	cat "$work/gpus"
 	setsid "$work/gpu-app" 1 7 "$work/app.status" </dev/null >"$work/app.out" 2>&1 &

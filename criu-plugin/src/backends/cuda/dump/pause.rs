@@ -50,17 +50,9 @@ impl Dump {
         let holders = ctx.holders(g, &candidates, deadline)?;
         ctx.refuse(host, &holders)?;
         let found = ctx.initial_states(g, host.criu_pid(), holders, deadline)?;
-        if let Phase::Paused(tree) = &mut self.phase {
-            let nvml_until = deadline.min(Instant::now() + (budget / 4).min(NVML_WAIT));
-            if self.link.inventory_into(tree, nvml_until)? {
-                ctx.refuse_short_memory(tree, &found)?;
-            } else if self.link.inventory.is_some() {
-                tracing::info!(
-                    "NVML has not answered yet: host memory was not checked before the locks"
-                );
-            }
-        }
-        let g = self.link.started()?;
+        let nvml_until = deadline.min(Instant::now() + (budget / 4).min(NVML_WAIT));
+        self.refuse_short_memory(&found, nvml_until)?;
+        let (ctx, g) = (&self.ctx, self.link.started()?);
         if !found.is_empty() && !self.required {
             self.required = host.require_on_restore(INVENTORY_NAME);
         }
@@ -75,6 +67,33 @@ impl Dump {
         } else {
             Verdict::NotMine
         })
+    }
+
+    /// Refuses the dump, before any lock, when host memory cannot take the device memory of
+    /// `found` and of the processes paused before them, as NVML counts it (asked as the guardian
+    /// started; waited for until `until`).
+    fn refuse_short_memory(&mut self, found: &[Proc], until: Instant) -> Result<(), HookError> {
+        let Phase::Paused(tree) = &mut self.phase else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        if !self.link.inventory_into(tree, until)? {
+            if self.link.inventory.is_some() {
+                tracing::info!(
+                    "NVML has not answered yet: host memory was not checked before the locks"
+                );
+            }
+            return Ok(());
+        }
+        let waited = start.elapsed();
+        if waited > Duration::from_millis(1) {
+            tracing::info!(
+                "waited {:.0} ms for NVML's count of the processes' GPU memory, to check host \
+                 memory before the locks",
+                waited.as_secs_f64() * 1e3
+            );
+        }
+        self.ctx.host_memory(tree, found)
     }
 }
 
@@ -160,10 +179,10 @@ impl Ctx {
         Ok(())
     }
 
-    /// Refuses the checkpoint, before any lock, when host memory cannot take the device memory
-    /// of every CUDA process of the tree at once (the rule set's `host_memory`). Processes
-    /// already checkpointed by someone else hold theirs in host memory already.
-    fn refuse_short_memory(&self, tree: &Tree, found: &[Proc]) -> Result<(), HookError> {
+    /// The rule set's `host_memory` over the CUDA processes of the tree: host memory must take
+    /// the device memory of all of them at once. Processes already checkpointed by someone else
+    /// hold theirs in host memory already.
+    fn host_memory(&self, tree: &Tree, found: &[Proc]) -> Result<(), HookError> {
         let Some(inv) = &tree.inventory else {
             return Ok(());
         };
