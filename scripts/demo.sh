@@ -88,7 +88,8 @@ if [ "${1:-}" = --gpu ]; then
 	PLUGINS=${PLUGINS:-/usr/lib/criu}
 	work=$(mktemp -d /tmp/criu-gpu-demo.XXXXXX)
 	app=
-	trap '[ -n "$app" ] && kill -9 "$app" 2>/dev/null; true' EXIT
+	# The images' pages (the GiB of device data) go; the logs stay in $work.
+	trap '[ -n "$app" ] && kill -9 "$app" 2>/dev/null; rm -f "$work"/images/pages-*.img; true' EXIT
 	gpu_demo
 	exit 0
 fi
@@ -101,7 +102,8 @@ gpud=
 cleanup() {
 	[ -n "$app" ] && kill -9 "$app" 2>/dev/null
 	[ -n "$gpud" ] && kill "$gpud" 2>/dev/null
-	true
+	# The images' pages go; the logs stay in $work.
+	rm -f "$work"/images/pages-*.img
 }
 trap cleanup EXIT
 steps() {
