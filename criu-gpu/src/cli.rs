@@ -31,20 +31,30 @@ pub enum Command {
     Dump {
         /// The job's root process.
         pid: i32,
-        /// The image directory to write.
-        dir: PathBuf,
+        /// The image directory to write (with --store: none, the snapshot goes into the store).
+        #[arg(required_unless_present = "store")]
+        dir: Option<PathBuf>,
         #[command(flatten)]
         common: JobArgs,
+        #[command(flatten)]
+        store: StoreArgs,
+        /// What new chunks are compressed with: zstd[:LEVEL], lz4 or none (kept only where
+        /// it saves enough).
+        #[arg(long, default_value = "zstd:1", requires = "store")]
+        compress: snapshot_store::Compression,
         /// Leave the job running after the checkpoint (a snapshot).
         #[arg(long)]
         leave_running: bool,
     },
     /// Restore a job checkpointed with `criu-gpu dump`, with the options it was dumped with.
     Restore {
-        /// The image directory.
-        dir: PathBuf,
+        /// The image directory (with --store: none, the snapshot is read from the store).
+        #[arg(required_unless_present = "store")]
+        dir: Option<PathBuf>,
         #[command(flatten)]
         common: JobArgs,
+        #[command(flatten)]
+        store: StoreArgs,
         /// Restore onto other GPUs: OLD_UUID=NEW_UUID[,...] or `auto` (CRIU_GPU_DEVICE_MAP).
         #[arg(long)]
         device_map: Option<String>,
@@ -64,6 +74,7 @@ pub enum Command {
     },
     /// What is inside a checkpoint: container, CRIU version, image sizes, GPU processes and
     /// memory per GPU, the dumping machine's GPUs and driver, and whether this node can restore it.
+    /// Of a snapshot store: each snapshot's size, new and shared bytes (as `store list`).
     Inspect { path: PathBuf },
     /// Is this node ready for GPU checkpoints? Each problem comes with its fix.
     Doctor {
@@ -116,6 +127,9 @@ pub enum Command {
     /// Kubernetes: checkpoint, drain and restore the GPU workloads of a node.
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Snapshots stored by content: list, read, export, delete, verify, collect garbage.
+    #[command(subcommand)]
+    Store(StoreCommand),
     /// Runs a command with the node's transparent huge pages at `always`, raised and put back
     /// as the plugin does for a GPU checkpoint (shared with dumps running meanwhile; put back
     /// whatever ends the command). For benchmarks.
@@ -137,6 +151,71 @@ pub struct JobArgs {
     /// More CRIU options, passed as they are (after `--`).
     #[arg(last = true)]
     pub extra: Vec<String>,
+}
+
+/// Where `dump` and `restore` meet a snapshot store.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The snapshot store: a directory of a local or network file system (made by the first
+    /// dump into it).
+    #[arg(long, requires = "snapshot", conflicts_with = "dir")]
+    pub store: Option<String>,
+    /// The snapshot's name in the store.
+    #[arg(long, requires = "store")]
+    pub snapshot: Option<String>,
+    /// The staging directory CRIU writes or reads the images in (default: a new one in
+    /// /dev/shm, removed once stored; after a restore only its pages images go).
+    #[arg(long, requires = "store")]
+    pub stage: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// The snapshots: size, what writing each added, what each shares and holds alone.
+    List { store: String },
+    /// Store an image directory or a container checkpoint archive (Podman --export, CRI-O,
+    /// kubelet: tar, tar.gz, tar.zst) as a snapshot.
+    Put {
+        store: String,
+        snapshot: String,
+        path: PathBuf,
+        #[arg(long, default_value = "zstd:1")]
+        compress: snapshot_store::Compression,
+    },
+    /// Read a snapshot into a new directory (every chunk checked): `criu restore -D DIR`.
+    Get {
+        store: String,
+        snapshot: String,
+        dir: PathBuf,
+    },
+    /// Write a snapshot as a tar archive: `podman container restore --import FILE` for a
+    /// container checkpoint, `criu-gpu image FILE` for an OCI checkpoint image.
+    Export {
+        store: String,
+        snapshot: String,
+        #[arg(long)]
+        output: PathBuf,
+    },
+    /// Delete snapshots; their chunks go at the next `gc`.
+    Delete {
+        store: String,
+        #[arg(required = true)]
+        snapshots: Vec<String>,
+    },
+    /// Delete the chunks no snapshot names (waits for dumps and restores using the store).
+    Gc {
+        store: String,
+        /// Seconds: chunks written more recently stay.
+        #[arg(long, default_value_t = 900)]
+        grace: u64,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Read every chunk of the snapshots (all if none named) and check it against its name.
+    Verify {
+        store: String,
+        snapshots: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

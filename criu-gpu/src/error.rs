@@ -21,6 +21,9 @@ pub enum Error {
     /// A job's dump or restore was refused or failed.
     #[error(transparent)]
     Job(#[from] JobError),
+    /// The snapshot store refused or failed.
+    #[error(transparent)]
+    Store(#[from] snapshot_store::StoreError),
 }
 
 impl Error {
@@ -28,7 +31,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) | Error::Archive(_) => 2,
-            Error::Node(_) | Error::Refused(_) | Error::Job(_) => 1,
+            Error::Node(_) | Error::Refused(_) | Error::Job(_) | Error::Store(_) => 1,
         }
     }
 
@@ -41,6 +44,7 @@ impl Error {
             Error::Refused(_) => "refused",
             Error::Job(JobError::Refused(_)) => "refused",
             Error::Job(_) => "job",
+            Error::Store(_) => "store",
         }
     }
 }

@@ -18,3 +18,4 @@ pub mod node;
 pub mod oci;
 pub mod out;
 pub mod runtime_conf;
+pub mod snapshots;

@@ -11,7 +11,8 @@ use criu_gpu::archive::Checkpoint;
 use criu_gpu::cli::{Cli, Command, KubeArgs, NodeCommand, SelectArgs};
 use criu_gpu::error::Error;
 use criu_gpu::node::{drain, http::Tls, restore, Access, NodeError};
-use criu_gpu::{cli, doctor, inspect, job, oci, out};
+use criu_gpu::{cli, doctor, inspect, job, oci, out, snapshots};
+use snapshot_store::Compression;
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
@@ -73,21 +74,34 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             pid,
             dir,
             common,
+            store,
+            compress,
             leave_running,
-        } => dump_command(pid, leave_running, &job_request(dir, common, verbose), json),
+        } => {
+            let r = job_request(dir.unwrap_or_default(), common, verbose);
+            match store_request(store, compress) {
+                Some(s) => stored(snapshots::dump(pid, leave_running, &r, &s)?, json),
+                None => dump_command(pid, leave_running, &r, json),
+            }
+        }
         Command::Restore {
             dir,
             common,
+            store,
             device_map,
             truncate_grown,
-        } => restore_command(
-            &job::RestoreHow {
+        } => {
+            let how = job::RestoreHow {
                 device_map,
                 truncate_grown,
-            },
-            &job_request(dir, common, verbose),
-            json,
-        ),
+            };
+            let r = job_request(dir.unwrap_or_default(), common, verbose);
+            match store_request(store, Compression::default()) {
+                Some(s) => stored(snapshots::restore(&how, &r, &s)?, json),
+                None => restore_command(&how, &r, json),
+            }
+        }
+        Command::Store(c) => snapshots::command::run(c, json),
         Command::Check { path } => check(&path, json),
         Command::Thp { command } => with_huge_pages(&command),
         Command::Inspect { path } => inspect_command(&path, json),
@@ -120,6 +134,24 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
     }
 }
 
+/// The store a dump or restore goes through, if one was named.
+fn store_request(a: cli::StoreArgs, compression: Compression) -> Option<snapshots::StoreRequest> {
+    Some(snapshots::StoreRequest {
+        store: a.store?,
+        snapshot: a.snapshot?,
+        stage: a.stage,
+        compression,
+    })
+}
+
+/// A dump into or a restore from the store: its outcome as JSON when asked.
+fn stored(outcome: impl serde::Serialize, json: bool) -> Result<u8, Error> {
+    if json {
+        out::json(&outcome);
+    }
+    Ok(0)
+}
+
 /// `criu-gpu dump`.
 fn dump_command(pid: i32, leave_running: bool, r: &job::Request, json: bool) -> Result<u8, Error> {
     let o = job::dump(pid, leave_running, r)?;
@@ -140,6 +172,14 @@ fn restore_command(how: &job::RestoreHow, r: &job::Request, json: bool) -> Resul
 
 /// `criu-gpu inspect`.
 fn inspect_command(path: &Path, json: bool) -> Result<u8, Error> {
+    if snapshots::is_store(path) {
+        return snapshots::command::run(
+            cli::StoreCommand::List {
+                store: path.display().to_string(),
+            },
+            json,
+        );
+    }
     let c = Checkpoint::open(path)?;
     let r = inspect::report(path, &c);
     if json {

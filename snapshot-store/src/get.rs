@@ -76,6 +76,19 @@ impl Store {
         })
     }
 
+    /// The content of the file `path` of `manifest`, read chunk by chunk, each checked (for
+    /// archives made from the store, without a copy of the tree). A missing or damaged chunk
+    /// is a read error that names it.
+    pub fn file_reader<'a>(&'a self, manifest: &'a Manifest, path: &str) -> FileReader<'a> {
+        FileReader {
+            store: self,
+            refs: manifest.chunk_refs().filter(|r| r.file == path).collect(),
+            next: 0,
+            buf: Vec::new(),
+            pos: 0,
+        }
+    }
+
     fn fetch_one(&self, r: &ChunkRef<'_>, file: &File, stored: &AtomicU64) -> Result<()> {
         let data = self.read_chunk(r)?;
         stored.fetch_add(data.1, Ordering::Relaxed);
@@ -180,4 +193,29 @@ fn set_modes(manifest: &Manifest, dest: &Path) -> Result<()> {
             .map_err(io(format!("setting the mode of {}", path.display())))?;
     }
     Ok(())
+}
+
+pub struct FileReader<'a> {
+    store: &'a Store,
+    refs: Vec<ChunkRef<'a>>,
+    next: usize,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl std::io::Read for FileReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.buf.len() {
+            let Some(r) = self.refs.get(self.next) else {
+                return Ok(0);
+            };
+            self.buf = self.store.read_chunk(r).map_err(std::io::Error::other)?.0;
+            self.next += 1;
+            self.pos = 0;
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
 }

@@ -34,7 +34,7 @@ pub use chunker::Chunking;
 pub use codec::Compression;
 pub use error::{Result, StoreError};
 pub use gc::{GcOptions, GcReport};
-pub use get::{GetOptions, GetReport};
+pub use get::{FileReader, GetOptions, GetReport};
 pub use id::ChunkId;
 pub use manifest::{Entry, Manifest, Written};
 pub use put::PutOptions;

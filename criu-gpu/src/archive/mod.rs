@@ -155,6 +155,15 @@ impl Checkpoint {
     }
 }
 
+/// Extracts the archive at `path` (tar, plain or compressed) into `dest`, entries outside it
+/// refused by the tar reader.
+pub fn extract(path: &Path, dest: &Path) -> Result<(), ArchiveError> {
+    with_tar(path, |tar| {
+        tar.set_preserve_permissions(true);
+        tar.unpack(dest)
+    })
+}
+
 fn scratch() -> Result<tempfile::TempDir, ArchiveError> {
     tempfile::Builder::new()
         .prefix("criu-gpu-")
