@@ -208,6 +208,9 @@ pub enum StoreCommand {
         /// Seconds: chunks written more recently stay.
         #[arg(long, default_value_t = 900)]
         grace: u64,
+        /// Seconds to wait for the dumps and restores using the store to end.
+        #[arg(long, default_value_t = 600)]
+        wait: u64,
         #[arg(long)]
         dry_run: bool,
     },

@@ -23,7 +23,13 @@ pub enum Error {
     Job(#[from] JobError),
     /// The snapshot store refused or failed.
     #[error(transparent)]
-    Store(#[from] snapshot_store::StoreError),
+    Store(Box<snapshot_store::StoreError>),
+}
+
+impl From<snapshot_store::StoreError> for Error {
+    fn from(e: snapshot_store::StoreError) -> Error {
+        Error::Store(Box::new(e))
+    }
 }
 
 impl Error {

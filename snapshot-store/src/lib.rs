@@ -142,6 +142,16 @@ impl Store {
         })
     }
 
+    /// Whether a new snapshot can be named `name`: a valid name no snapshot has yet (asked
+    /// before a dump freezes anything; `put` checks again).
+    pub fn check_new(&self, name: &str) -> Result<()> {
+        check_name(name)?;
+        if self.objects.exists(&manifest_key(name))? {
+            return Err(StoreError::SnapshotExists(name.to_owned()));
+        }
+        Ok(())
+    }
+
     /// Deletes a snapshot's manifest; its chunks go at the next garbage collection.
     pub fn delete(&self, name: &str, lock_wait: Duration) -> Result<()> {
         check_name(name)?;

@@ -101,12 +101,13 @@ fn manage(command: StoreCommand, json: bool) -> Result<u8, Error> {
         StoreCommand::Gc {
             store,
             grace,
+            wait,
             dry_run,
         } => {
             let r = Store::open(&store)?.gc(&GcOptions {
                 grace: Duration::from_secs(grace),
+                lock_wait: Duration::from_secs(wait),
                 dry_run,
-                ..GcOptions::default()
             })?;
             if json {
                 out::json(&r);

@@ -93,9 +93,7 @@ pub fn dump(
     let start = Instant::now();
     // A store that cannot take the snapshot refuses before anything is frozen.
     let store = Store::open_or_create(&s.store, Chunking::default())?;
-    if store.names()?.contains(&s.snapshot) {
-        return Err(snapshot_store::StoreError::SnapshotExists(s.snapshot.clone()).into());
-    }
+    store.check_new(&s.snapshot)?;
     let stage = stage_of(s, "dump")?;
     let outcome = job::dump(
         pid,
