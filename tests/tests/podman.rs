@@ -324,3 +324,93 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
     // Hand the simulated GPU back before the Sim goes.
     let _ = podman(&["rm", "-f", "-t", "0", &name]);
 }
+
+/// `criu-gpu ARGS` (the snapshot store's commands).
+fn store_cmd(args: &[&str]) -> std::process::Output {
+    let out = Command::new(artifact("criu-gpu"))
+        .args(args)
+        .output()
+        .unwrap();
+    eprintln!("criu-gpu {args:?}: {}{}", stdout(&out), stderr(&out));
+    out
+}
+
+/// Container checkpoints kept in a snapshot store: two checkpoints of a running GPU container
+/// stored by content (the second mostly found in the store already), then the store's export
+/// of the second restored by `podman container restore --import`, going on with its data.
+#[test]
+fn a_gpu_container_is_restored_from_a_snapshot_store() {
+    podman::require();
+    let _one = podman::serial();
+    let sim = Sim::start();
+    let image = Image::build(&sim.dir);
+    let logs = sim.dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let name = format!("criu-gpu-store-{}", std::process::id());
+    let _cleanup = Cleanup(name.clone());
+    let _conf = Settings::set(&Settings::for_sim(&sim));
+    ok(
+        &image.run(
+            &sim,
+            &name,
+            &logs,
+            &["--mib", "32", "--interval-ms", "5000"],
+        ),
+        "podman run",
+    );
+    let app = App {
+        pid: 0,
+        log: logs.join("app.log"),
+    };
+    // A step rewrites 256 KiB of the 32 MiB (and its two copies in host memory): between two
+    // checkpoints little changes.
+    assert!(
+        wait_until(Duration::from_secs(20), || app.steps() >= 1),
+        "{}",
+        app.tail()
+    );
+    let store = sim.dir.join("store");
+    let s = store.to_str().unwrap();
+    let mut new = Vec::new();
+    for snap in ["one", "two"] {
+        let archive = sim.dir.join(format!("{snap}.tar.zst"));
+        let a = archive.to_str().unwrap();
+        ok(
+            &podman(&[
+                "container",
+                "checkpoint",
+                "--leave-running",
+                "--export",
+                a,
+                &name,
+            ]),
+            "podman container checkpoint --leave-running --export",
+        );
+        let out = store_cmd(&["store", "put", s, snap, a, "--json"]);
+        ok(&out, "criu-gpu store put");
+        let w: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        new.push(w["new_bytes"].as_u64().unwrap());
+    }
+    assert!(new[0] > 32 << 20, "{new:?}");
+    assert!(
+        new[1] * 4 < new[0],
+        "the second checkpoint is mostly in the store: {new:?}"
+    );
+    ok(&podman(&["rm", "-f", &name]), "podman rm");
+    let exported = sim.dir.join("two.tar");
+    let e = exported.to_str().unwrap();
+    ok(
+        &store_cmd(&["store", "export", s, "two", "--output", e]),
+        "criu-gpu store export",
+    );
+    let (code, text) = check(&exported);
+    assert_eq!(code, 0, "{text}");
+    let steps = app.steps();
+    ok(
+        &podman(&["container", "restore", "--import", e]),
+        "podman container restore --import (from the store)",
+    );
+    assert!(app.advances(2), "{}", app.tail());
+    assert!(app.steps() > steps);
+    app.assert_healthy();
+}
