@@ -118,17 +118,20 @@ pub fn encode(data: &[u8], how: Compression, pays: &Pays) -> Vec<u8> {
     out
 }
 
-/// The content of a stored chunk, or why it cannot be read.
-pub fn decode(stored: &[u8]) -> Result<Vec<u8>, String> {
+/// The content of a stored chunk (a raw one without a copy), or why it cannot be read.
+pub fn decode(stored: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, String> {
+    use std::borrow::Cow;
     if stored.len() < HEADER {
         return Err(format!("{} bytes, shorter than its header", stored.len()));
     }
     let len = u32::from_le_bytes([stored[1], stored[2], stored[3], stored[4]]) as usize;
     let payload = &stored[HEADER..];
     let data = match stored[0] {
-        RAW => payload.to_vec(),
-        ZSTD => zstd::bulk::decompress(payload, len).map_err(|e| format!("zstd: {e}"))?,
-        LZ4 => lz4_flex::block::decompress(payload, len).map_err(|e| format!("lz4: {e}"))?,
+        RAW => Cow::Borrowed(payload),
+        ZSTD => Cow::Owned(zstd::bulk::decompress(payload, len).map_err(|e| format!("zstd: {e}"))?),
+        LZ4 => {
+            Cow::Owned(lz4_flex::block::decompress(payload, len).map_err(|e| format!("lz4: {e}"))?)
+        }
         other => return Err(format!("unknown codec {other}")),
     };
     if data.len() != len {
@@ -165,7 +168,7 @@ mod tests {
         for how in [Compression::Zstd(1), Compression::Lz4] {
             let stored = encode(&data, how, &Pays::default());
             assert!(stored.len() < data.len() / 4, "{how}");
-            assert_eq!(decode(&stored).unwrap(), data);
+            assert_eq!(&*decode(&stored).unwrap(), &data[..]);
         }
     }
 
@@ -179,7 +182,7 @@ mod tests {
         let tried = (0..32).filter(|_| pays.should_try()).count();
         assert_eq!(tried, 2);
         let stored = encode(&data, Compression::Zstd(1), &pays);
-        assert_eq!(decode(&stored).unwrap(), data);
+        assert_eq!(&*decode(&stored).unwrap(), &data[..]);
     }
 
     #[test]
@@ -188,7 +191,7 @@ mod tests {
         let mut stored = encode(&data, Compression::Zstd(1), &Pays::default());
         let n = stored.len();
         stored[n - 2] ^= 0xff;
-        assert!(decode(&stored).is_err() || decode(&stored).unwrap() != data);
+        assert!(decode(&stored).is_err() || *decode(&stored).unwrap() != data[..]);
         assert!(decode(&[1, 2])
             .unwrap_err()
             .contains("shorter than its header"));

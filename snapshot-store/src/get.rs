@@ -2,8 +2,8 @@
 //! against its name by several threads, written in place; a missing or damaged chunk fails the
 //! whole read, naming the chunk, its file and its bytes.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::fs::OpenOptions;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -13,6 +13,7 @@ use crate::backend::Lock;
 use crate::error::{io, Result, StoreError};
 use crate::id::ChunkId;
 use crate::manifest::{ChunkRef, Entry, Manifest};
+use crate::mapped::Target;
 use crate::{chunk_key, codec, Store};
 
 #[derive(Debug, Clone)]
@@ -89,15 +90,22 @@ impl Store {
         }
     }
 
-    fn fetch_one(&self, r: &ChunkRef<'_>, file: &File, stored: &AtomicU64) -> Result<()> {
-        let data = self.read_chunk(r)?;
-        stored.fetch_add(data.1, Ordering::Relaxed);
-        file.write_all_at(&data.0, r.offset)
-            .map_err(io(format!("writing {}", r.file)))
+    fn fetch_one(&self, r: &ChunkRef<'_>, file: &Target, stored: &AtomicU64) -> Result<()> {
+        let n = self.with_chunk(r, |data| {
+            file.write_at(data, r.offset)
+                .map_err(io(format!("writing {}", r.file)))
+        })?;
+        stored.fetch_add(n, Ordering::Relaxed);
+        Ok(())
     }
 
-    /// A chunk's content, checked against its name and length; and its stored size.
-    pub(crate) fn read_chunk(&self, r: &ChunkRef<'_>) -> Result<(Vec<u8>, u64)> {
+    /// Reads a chunk, checks its content against its name and length, and hands the content
+    /// to `f`; answers its stored size.
+    pub(crate) fn with_chunk(
+        &self,
+        r: &ChunkRef<'_>,
+        f: impl FnOnce(&[u8]) -> Result<()>,
+    ) -> Result<u64> {
         let key = chunk_key(&r.id);
         let bytes = self
             .objects
@@ -128,12 +136,13 @@ impl Store {
                 r.len
             )));
         }
-        Ok((data, bytes.len() as u64))
+        f(&data)?;
+        Ok(bytes.len() as u64)
     }
 }
 
 /// The directories, links and files of the tree, files at their full size; the files open.
-fn lay_out(manifest: &Manifest, dest: &Path) -> Result<Vec<File>> {
+fn lay_out(manifest: &Manifest, dest: &Path) -> Result<Vec<Target>> {
     let what = || format!("creating {}", dest.display());
     std::fs::create_dir_all(dest).map_err(io(what()))?;
     if std::fs::read_dir(dest)
@@ -157,12 +166,13 @@ fn lay_out(manifest: &Manifest, dest: &Path) -> Result<Vec<File>> {
             }
             Entry::File { size, .. } => {
                 let f = OpenOptions::new()
+                    .read(true)
                     .write(true)
                     .create_new(true)
                     .open(&path)
                     .map_err(io(what()))?;
                 f.set_len(*size).map_err(io(what()))?;
-                files.push(f);
+                files.push(Target::new(f, *size).map_err(io(what()))?);
             }
         }
     }
@@ -209,7 +219,14 @@ impl std::io::Read for FileReader<'_> {
             let Some(r) = self.refs.get(self.next) else {
                 return Ok(0);
             };
-            self.buf = self.store.read_chunk(r).map_err(std::io::Error::other)?.0;
+            let mut buf = Vec::new();
+            self.store
+                .with_chunk(r, |data| {
+                    buf = data.to_vec();
+                    Ok(())
+                })
+                .map_err(std::io::Error::other)?;
+            self.buf = buf;
             self.next += 1;
             self.pos = 0;
         }

@@ -53,7 +53,7 @@ impl Store {
             for _ in 0..opts.threads.max(1) {
                 s.spawn(|| {
                     while let Some(r) = refs.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        if let Err(e) = self.read_chunk(r) {
+                        if let Err(e) = self.with_chunk(r, |_| Ok(())) {
                             problems.lock().expect("the problems").push(e.to_string());
                         }
                     }
