@@ -63,6 +63,9 @@ pub enum Command {
         /// recorded; without it no file is touched and the restore is refused.
         #[arg(long)]
         truncate_grown: bool,
+        /// Do not read the pages images ahead (from a disk) while CRIU starts.
+        #[arg(long)]
+        no_prefetch: bool,
     },
 
     /// Can this node restore that checkpoint's GPU state? (driver, GPUs, free memory, image integrity)

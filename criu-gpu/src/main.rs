@@ -90,10 +90,12 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             store,
             device_map,
             truncate_grown,
+            no_prefetch,
         } => {
             let how = job::RestoreHow {
                 device_map,
                 truncate_grown,
+                no_prefetch,
             };
             let r = job_request(dir.unwrap_or_default(), common, verbose);
             match store_request(store, Compression::default()) {

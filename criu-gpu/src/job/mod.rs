@@ -8,6 +8,7 @@
 pub mod facts;
 pub mod files;
 pub mod plan;
+pub mod prefetch;
 pub mod progress;
 pub mod record;
 pub mod run;
@@ -497,6 +498,8 @@ pub struct RestoreHow {
     pub device_map: Option<String>,
     /// Cut files that only grew since the snapshot back to their size then.
     pub truncate_grown: bool,
+    /// Do not read the pages images ahead while CRIU starts ([`prefetch`]).
+    pub no_prefetch: bool,
 }
 
 /// Restores the job dumped into `r.dir`.
@@ -515,7 +518,19 @@ pub fn restore(how: &RestoreHow, r: &Request) -> Result<Outcome, JobError> {
     if how.truncate_grown {
         cut_back_grown(&r.dir)?;
     }
-    let ran = run_restore(&criu, &args, &env, &command, &r.dir)?;
+    let ahead = if how.no_prefetch {
+        None
+    } else {
+        prefetch::start(&r.dir)
+    };
+    let ran = run_restore(&criu, &args, &env, &command, &r.dir);
+    if let Some(p) = ahead.map(prefetch::Prefetch::finish) {
+        out::line(format!(
+            "read ahead {} of pages images from the disk while CRIU restored",
+            crate::human::bytes(p.bytes)
+        ));
+    }
+    let ran = ran?;
     let root = std::fs::read_to_string(r.dir.join("restore.pid"))
         .ok()
         .and_then(|t| t.trim().parse().ok());
