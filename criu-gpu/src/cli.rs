@@ -191,6 +191,14 @@ pub enum StoreCommand {
         snapshot: String,
         dir: PathBuf,
     },
+    /// Write one file of a snapshot to standard output (a log, the GPU record), every chunk
+    /// checked.
+    Cat {
+        store: String,
+        snapshot: String,
+        /// The file's path in the snapshot (e.g. dump.log).
+        file: String,
+    },
     /// Write a snapshot as a tar archive: `podman container restore --import FILE` for a
     /// container checkpoint, `criu-gpu image FILE` for an OCI checkpoint image.
     Export {

@@ -5,6 +5,7 @@
 #   lib/     the shared libraries CRIU needs that Ubuntu 24.04 lacks
 #   plugins/ criu_gpu_plugin.so
 #   upstream-plugins/ CRIU's own cuda_plugin.so (scripts/install-criu.sh builds it)
+#   describe `git describe --dirty` of the tree packed (runners print it first)
 #   bin/lz4  when lz4 is installed here (scripts/experiments/compress-pages.sh; Debian's is static but
 #            for libc)
 # Then on that machine: export PATH=$PWD/.carry/bin:$PATH.
@@ -42,4 +43,6 @@ LD_LIBRARY_PATH="\$here/../lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "\$h
 WRAP
 	chmod +x "$out/bin/$name"
 done
+# What the GPU machine's runners print first (the working tree travels without .git).
+git describe --always --dirty >"$out/describe" 2>/dev/null || echo unknown >"$out/describe"
 du -sh "$out"

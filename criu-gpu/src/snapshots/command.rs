@@ -83,6 +83,23 @@ fn manage(command: StoreCommand, json: bool) -> Result<u8, Error> {
             }
             Ok(0)
         }
+        StoreCommand::Cat {
+            store,
+            snapshot,
+            file,
+        } => {
+            let store = Store::open(&store)?;
+            let manifest = store.manifest(&snapshot)?;
+            if !manifest.entries.iter().any(|e| {
+                e.path() == file && matches!(e, snapshot_store::Entry::File { .. })
+            }) {
+                return Err(Error::Usage(format!("snapshot {snapshot} holds no file {file}")));
+            }
+            let mut reader = store.file_reader(&manifest, &file);
+            std::io::copy(&mut reader, &mut std::io::stdout().lock())
+                .map_err(|e| Error::Refused(format!("{file} of snapshot {snapshot}: {e}")))?;
+            Ok(0)
+        }
         StoreCommand::Delete { store, snapshots } => {
             let store = Store::open(&store)?;
             for name in &snapshots {
