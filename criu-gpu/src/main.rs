@@ -175,12 +175,7 @@ fn restore_command(how: &job::RestoreHow, r: &job::Request, json: bool) -> Resul
 /// `criu-gpu inspect`.
 fn inspect_command(path: &Path, json: bool) -> Result<u8, Error> {
     if snapshots::is_store(path) {
-        return snapshots::command::run(
-            cli::StoreCommand::List {
-                store: path.display().to_string(),
-            },
-            json,
-        );
+        return snapshots::command::list(&path.display().to_string(), json);
     }
     let c = Checkpoint::open(path)?;
     let r = inspect::report(path, &c);
