@@ -71,9 +71,9 @@ else
 	W=/dev/shm/store-bench
 fi
 [ -n "${PLUGINS:-}" ] && plugin_so=$PLUGINS/criu_gpu_plugin.so
-build_id=$(readelf -n "$plugin_so" 2>/dev/null | awk '/Build ID/ { print $3 }')
+build_id=$(readelf -n "$plugin_so" 2>/dev/null | awk '/Build ID/ { print "build-id " $3 }')
 say "git describe --dirty: ${describe:-unknown}"
-say "plugin: $plugin_so build-id ${build_id:-$(sha256sum "$plugin_so" 2>/dev/null | cut -c1-16)}"
+say "plugin: $plugin_so ${build_id:-sha256 $(sha256sum "$plugin_so" 2>/dev/null | cut -c1-16) (no readelf)}"
 say "machine: $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 2^20 }' /proc/meminfo), disk $DISK: $(df -h --output=avail "$DISK" | tail -1 | tr -d ' ') free"
 [ "$(id -u)" = 0 ] || die "run as root (CRIU dumps and restores the applications)"
 [ -x "$CRIU_GPU" ] || die "$CRIU_GPU not found (cargo build, or scripts/gpu/pack-carry.sh; or set CRIU_GPU)"
