@@ -85,7 +85,7 @@ cg() {
 	local name=$1 t0 rc
 	shift
 	t0=$(now)
-	"$CRIU_GPU" "$@" >"$LOGS/$name.out" 2>&1
+	timeout 300 "$CRIU_GPU" "$@" >"$LOGS/$name.out" 2>&1
 	rc=$?
 	elapsed "$t0" >"$LOGS/$name.s"
 	[ $rc = 0 ] || { say "FAILED: criu-gpu $*"; tail -8 "$LOGS/$name.out"; }
@@ -113,6 +113,10 @@ for k in sys.argv[2].split("."):
 print(v)
 EOF
 }
+
+# late SECONDS: the run is past SECONDS since it started (the parts after it are left out, so
+# that one call ends within the GPU machine's limit).
+late() { [ "$(awk -v a="$START" -v b="$(now)" 'BEGIN { print int(b - a) }')" -gt "$1" ]; }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0 ? a / b : 0) }'; }
 gbps_of() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.2f", (s > 0 ? b / 1e9 / s : 0) }'; }

@@ -174,9 +174,15 @@ codecs() {
 
 part_compress() {
 	say "== compress: model weights and a training state, stored with none, lz4, zstd"
+	if late 420; then
+		fail "compress: left out, the run is past 420 s"
+		return 1
+	fi
 	[ -d "$W/wimg" ] && codecs weights "$W/wimg"
 	rm -rf "$W/wimg"
-	if start_train; then
+	if late 400; then
+		fail "compress: the training state left out, the run is past 400 s"
+	elif start_train; then
 		cgc timg dump "$TRAIN_PID" "$W/timg" --json && codecs train "$W/timg"
 		rm -rf "$W/timg"
 		kill -9 "$TRAIN_PID" 2>/dev/null

@@ -45,6 +45,7 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/store-bench.log") 2>&1
 RES=$OUT/results.tsv
 : >"$RES"
+START=$(date +%s.%N)
 # shellcheck source=scripts/gpu/lib.sh
 . "$here/lib.sh"
 die() { say "store-bench.sh: $*"; exit 1; }

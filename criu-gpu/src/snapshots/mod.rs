@@ -91,9 +91,21 @@ pub fn dump(
     s: &StoreRequest,
 ) -> Result<StoredDump, Error> {
     let start = Instant::now();
-    // A store that cannot take the snapshot refuses before anything is frozen.
-    let store = Store::open_or_create(&s.store, Chunking::default())?;
-    store.check_new(&s.snapshot)?;
+    // A store that cannot take the snapshot refuses before anything is frozen; a dry run
+    // makes no store.
+    let store = if r.dry_run {
+        Store::open(&s.store)
+    } else {
+        Store::open_or_create(&s.store, Chunking::default())
+    };
+    let store = match store {
+        Ok(store) => {
+            store.check_new(&s.snapshot)?;
+            Some(store)
+        }
+        Err(snapshot_store::StoreError::NotAStore { .. }) if r.dry_run => None,
+        Err(e) => return Err(e.into()),
+    };
     let stage = stage_of(s, "dump")?;
     let outcome = job::dump(
         pid,
@@ -105,14 +117,14 @@ pub fn dump(
     )?;
     let mut stored = StoredDump {
         dump: outcome,
-        store: store.location(),
+        store: s.store.clone(),
         snapshot: s.snapshot.clone(),
         written: None,
         seconds: 0.0,
     };
-    if r.dry_run {
+    let Some(store) = store.filter(|_| !r.dry_run) else {
         return Ok(stored);
-    }
+    };
     let opts = PutOptions {
         compression: s.compression,
         ..PutOptions::default()
