@@ -148,6 +148,11 @@ impl ControlBlock {
         self.state.store(s, Ordering::SeqCst);
     }
 
+    /// A request is posted and its helper thread has not taken it yet.
+    pub fn is_pending(&self) -> bool {
+        self.slot.load(Ordering::SeqCst) == slot::PENDING
+    }
+
     // ---- controller side ----
 
     /// Posts `req` and waits for the helper's result, however long it takes (the driver sets

@@ -167,6 +167,15 @@ pub fn act(pid: i32, op: Op, timeout_ms: u32, pairs: Vec<([u8; 16], [u8; 16])>) 
     }
 }
 
+/// Whether a request waits in process `pid`'s slot for its helper thread: what a test of the
+/// simulation waits to see before it stops or kills a caller. No driver call: the real driver
+/// shows nothing of the kind.
+pub fn pending(pid: i32) -> CuResult<bool> {
+    let target = Target::open(pid)?;
+    let (_file, page) = target.attach()?;
+    Ok(page.block().is_pending())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

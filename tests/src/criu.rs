@@ -270,3 +270,32 @@ pub fn killing_script(dir: &Path, action: &str) -> String {
     fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
     path.display().to_string()
 }
+
+/// The guardian processes (named `criu-gpu-guard`) of CRIU runs on machine `m`: forked from a
+/// CRIU started with the machine's environment, which names its scratch directory.
+pub fn guardians(m: &impl Machine) -> Vec<i32> {
+    let ours = m.scratch().display().to_string();
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "criu-gpu-guard")
+                && fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| String::from_utf8_lossy(&env).contains(&ours))
+                && crate::pid_alive(*pid)
+        })
+        .collect()
+}
+
+/// Waits until the guardians of machine `m` have done all they do alone and ended: only then
+/// does a process they must not have killed prove anything by being alive.
+pub fn wait_guardians_gone(m: &impl Machine) {
+    let gone = crate::wait_until(std::time::Duration::from_secs(30), || {
+        guardians(m).is_empty()
+    });
+    assert!(gone, "guardians {:?} did not end", guardians(m));
+}

@@ -48,8 +48,8 @@ fn of_two_restores_of_the_same_images_at_once_one_wins_and_the_other_leaves_it_a
             )
         };
         assert_eq!(won.len(), 1, "round {round}: winners {won:?}\n{}", logs());
-        // The loser's guardian has ended by now or soon: the winner must live on after it.
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        // Once the loser's guardian has ended, the winner must still live.
+        criu::wait_guardians_gone(&sim);
         assert!(
             pid_alive(app.pid) && app.advances(3),
             "round {round}: the process restored by {} was killed: {}\n{}",
@@ -118,8 +118,8 @@ fn a_restore_killed_half_way_leaves_another_restores_process_alone() {
     std::fs::write(&a_done, "").unwrap();
     let b = finish_within(b, std::time::Duration::from_secs(20)).expect("restore B ended");
     assert!(!b.status.success(), "restore B was killed");
-    // B's guardian sees its CRIU gone and acts at once; give it time to do the wrong thing.
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    // B's guardian sees its CRIU gone and acts: A's process must live once it has ended.
+    criu::wait_guardians_gone(&sim);
     assert!(
         pid_alive(app.pid) && app.advances(3),
         "restore B's guardian killed restore A's process: {}\n{}",

@@ -326,7 +326,17 @@ fn log(level: Level, text: &str) {
 /// Stands for CRIU to a guardian run on a thread ([`in_thread`]): while it is held, "CRIU" lives;
 /// dropping it is CRIU ending.
 pub struct Watched {
-    _alive: OwnedFd,
+    alive: OwnedFd,
+    agent: std::thread::JoinHandle<()>,
+}
+
+impl Watched {
+    /// CRIU ends; the guardian's thread is returned, so that a test can wait until the guardian
+    /// has done all it does alone before it looks for what it must not have done.
+    pub fn end(self) -> std::thread::JoinHandle<()> {
+        drop(self.alive);
+        self.agent
+    }
 }
 
 /// A guardian on a thread of this process over a socketpair, for tools outside CRIU
@@ -347,7 +357,8 @@ pub fn in_thread(
     let (gone_r, gone_w) = rustix::pipe::pipe().map_err(|e| spawn(e.into()))?;
     let agent = agent::Agent::new(watch, machine, theirs, gone_r, std::process::id() as i32)
         .map_err(spawn)?;
-    std::thread::spawn(move || agent.run());
+    let agent = std::thread::spawn(move || agent.run());
     let g = Guardian::connect(ours, std::process::id() as i32);
-    Ok((g, Watched { _alive: gone_w }))
+    let alive = gone_w;
+    Ok((g, Watched { alive, agent }))
 }

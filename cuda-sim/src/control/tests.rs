@@ -51,6 +51,15 @@ fn lock(timeout_ms: u32) -> Request {
 
 const ALIVE: &dyn Fn() -> bool = &|| false;
 
+/// Waits (10 s at most) for the event a test must see before it looks for an absence.
+fn until(what: &str, f: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Plays the helper thread for `n` requests: answers each with `op * 10`, after `work`.
 fn helper(p: &Arc<Page>, n: usize, work: Duration) -> std::thread::JoinHandle<Vec<Request>> {
     let p = p.clone();
@@ -91,6 +100,7 @@ fn f2_a_request_waits_for_the_helper_however_long() {
         let p = p.clone();
         std::thread::spawn(move || p.block().call(&p.open(), &lock(1), ALIVE))
     };
+    until("the request is posted", || p.slot() == slot::PENDING);
     std::thread::sleep(Duration::from_millis(400));
     assert!(
         !caller.is_finished(),
@@ -111,12 +121,15 @@ fn f3_a_request_of_a_dead_caller_not_yet_taken_is_dropped() {
     p.block().post(1, &lock(0));
     drop(caller); // the caller dies while the process cannot run its helper
     let h = helper(&p, 1, Duration::ZERO);
-    std::thread::sleep(Duration::from_millis(200));
+    // Carried out, it would end in DONE with nobody to collect it: FREE means dropped.
+    until("the helper has looked at the request", || {
+        p.slot() != slot::PENDING
+    });
+    assert_eq!(p.slot(), slot::FREE);
     assert!(
         !h.is_finished(),
         "the dead caller's request was not carried out"
     );
-    assert_eq!(p.slot(), slot::FREE);
     // The next live request is served.
     let done = p
         .block()
@@ -199,27 +212,38 @@ fn f4_the_state_waits_for_a_pending_or_running_request() {
     while p.slot() != slot::PENDING {
         std::thread::sleep(Duration::from_millis(5));
     }
+    let asked = Arc::new(AtomicBool::new(false));
     let reader = {
-        let p = p.clone();
-        std::thread::spawn(move || get_state(&p, ALIVE))
+        let (p, asked) = (p.clone(), asked.clone());
+        std::thread::spawn(move || {
+            asked.store(true, Ordering::SeqCst);
+            get_state(&p, ALIVE)
+        })
     };
+    // Asked while the lock is pending: an answer before the lock ends would be RUNNING (the
+    // last assertion), whatever the timing; the checks in between say where it waited.
+    until("the state is asked", || asked.load(Ordering::SeqCst));
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         !reader.is_finished(),
         "no answer while the request is pending"
     );
     let p2 = p.clone();
+    let (took, taken) = std::sync::mpsc::channel();
+    let (go, went) = std::sync::mpsc::channel::<()>();
     let h = std::thread::spawn(move || {
         let _ = p2.block().next_request(&p2.fd);
-        std::thread::sleep(Duration::from_millis(300));
+        took.send(()).unwrap();
+        went.recv().unwrap();
         p2.block().set_state(state::LOCKED);
         p2.block().complete(0);
         // Then the state request.
         let _ = p2.block().next_request(&p2.fd);
         p2.block().complete(0);
     });
-    std::thread::sleep(Duration::from_millis(150));
+    taken.recv().unwrap();
     assert!(!reader.is_finished(), "no answer while the request runs");
+    go.send(()).unwrap();
     assert_eq!(
         reader.join().unwrap(),
         Ok(state::LOCKED),

@@ -283,10 +283,18 @@ fn fault_delay_and_hang() {
     );
     assert!(start.elapsed() >= Duration::from_millis(300));
     let rt = std::sync::Arc::new(rt);
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hung = {
-        let rt = rt.clone();
-        std::thread::spawn(move || rt.perform(&with(Op::Unlock, Fault::Hang)))
+        let (rt, started) = (rt.clone(), started.clone());
+        std::thread::spawn(move || {
+            started.store(true, Ordering::SeqCst);
+            rt.perform(&with(Op::Unlock, Fault::Hang))
+        })
     };
+    // From the moment it started, the action has as long as a 300 ms delay took above.
+    while !started.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     std::thread::sleep(Duration::from_millis(300));
     assert!(!hung.is_finished(), "a hung action never finishes");
     assert_eq!(rt.block().state(), state::LOCKED);

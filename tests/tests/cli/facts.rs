@@ -93,20 +93,29 @@ fn f2_f3_f4_a_stopped_processs_request_waits_and_dies_with_its_caller() {
     let p = pid_s(app.pid);
     signal(app.pid, Signal::SIGSTOP);
     assert!(wait_until(Duration::from_secs(5), || is_stopped(app.pid)));
-    let lock = sim.driver_spawn(&["lock", &p, "100"]);
-    assert!(sim.wait_busy(app.pid));
-    let state = sim.driver_spawn(&["state", &p]);
+    let mut lock = sim.driver_spawn(&["lock", &p, "100"]);
+    // Posted, not taken: from here its 100 ms would run out if they counted before pickup.
+    let posted = || cuda_sim::controller::pending(app.pid) == Ok(true);
+    assert!(
+        wait_until(Duration::from_secs(10), posted),
+        "the lock was never posted"
+    );
+    let mut state = sim.driver_spawn(&["state", &p]);
     std::thread::sleep(Duration::from_millis(700));
-    let lock = finish_within(lock, Duration::ZERO);
+    let lock_done = lock.try_wait().unwrap();
     assert!(
-        lock.is_none(),
-        "F2: still waiting 10x past its timeout: {lock:?}"
+        lock_done.is_none(),
+        "F2: still waiting 7x past its timeout: {lock_done:?}"
     );
-    let state = finish_within(state, Duration::ZERO);
+    // (Queued behind the lock; F11 alone would hold it too on a stopped process.)
+    let state_done = state.try_wait().unwrap();
     assert!(
-        state.is_none(),
-        "F4: no state while a lock is pending: {state:?}"
+        state_done.is_none(),
+        "F4: no state while a lock is pending: {state_done:?}"
     );
+    kill_child(lock);
+    kill_child(state);
+    assert!(posted(), "F3: the dead caller's lock is still posted");
     // The restore thread id is answered at once (F5).
     assert!(sim
         .ctl(&["--get-restore-tid", "--pid", &p])

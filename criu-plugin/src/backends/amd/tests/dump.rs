@@ -30,7 +30,7 @@ fn a_dump_pauses_until_the_end_and_unpauses_when_the_process_lives_on() {
     assert!(!w.paused(), "--leave-running unpauses");
     // The plugin restarted them itself: the guardian has nothing left to do.
     w.guardians.criu_dies();
-    std::thread::sleep(Duration::from_millis(300));
+    w.guardians.wait_ended();
     assert!(
         !w.guardians.record().contains("restarting"),
         "{}",
@@ -94,7 +94,7 @@ fn a_pause_that_fails_leaves_nothing_for_the_guardian_to_undo() {
     );
     drop(a);
     w.guardians.criu_dies();
-    std::thread::sleep(Duration::from_millis(300));
+    w.guardians.wait_ended();
     assert!(w.paused(), "still the other one's pause");
     assert!(
         !w.guardians.record().contains("restart"),

@@ -38,13 +38,36 @@ struct Guardians {
     watches: Arc<Mutex<Vec<Watch>>>,
     /// "CRIU" for each guardian: dropping one is CRIU ending.
     criu: Arc<Mutex<Vec<Watched>>>,
+    /// The threads of the guardians whose CRIU died.
+    alone: Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>,
     record: Arc<Mutex<Vec<String>>>,
 }
 
 impl Guardians {
     /// CRIU dies: every guardian is on its own.
     fn criu_dies(&self) {
-        self.criu.lock().unwrap().clear();
+        let ended: Vec<_> = self
+            .criu
+            .lock()
+            .unwrap()
+            .drain(..)
+            .map(Watched::end)
+            .collect();
+        self.alone.lock().unwrap().extend(ended);
+    }
+
+    /// Waits until every guardian whose CRIU died has done what it does alone and ended: only
+    /// then does the absence of an action prove anything.
+    fn wait_ended(&self) {
+        let start = Instant::now();
+        while !self.alone.lock().unwrap().iter().all(|t| t.is_finished()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "a guardian did not end: {}",
+                self.record()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn record(&self) -> String {

@@ -481,7 +481,14 @@ fn huge_pages_are_raised_for_the_checkpoint_and_put_back_whatever_happens() {
         });
         wait_for("raised", || thp_shown(&thp) == "always");
         w.guardians.criu_dies();
-        std::thread::sleep(Duration::from_millis(200));
+        // Alone, the guardian queues the rollback behind the hung checkpoint and says so.
+        wait_for("the guardian is alone", || {
+            w.gpu
+                .m()
+                .record
+                .join("\n")
+                .contains("ended in the middle of a dump")
+        });
         assert_eq!(
             thp_shown(&thp),
             "always",

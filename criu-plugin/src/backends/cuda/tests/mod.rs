@@ -357,6 +357,8 @@ struct GuardiansState {
     machine: Option<Arc<dyn Machine>>,
     /// "CRIU" as the guardians see it: [`Guardians::criu_dies`] ends it.
     watched: Vec<Watched>,
+    /// The threads of the guardians whose CRIU died.
+    alone: Vec<std::thread::JoinHandle<()>>,
     spawned: u32,
 }
 
@@ -385,7 +387,17 @@ impl Guardians {
 
     /// CRIU ends without calling `exit` (SIGKILL): every guardian sees it go.
     fn criu_dies(&self) {
-        self.0.lock().unwrap().watched.clear();
+        let mut s = self.0.lock().unwrap();
+        let ended: Vec<_> = s.watched.drain(..).map(Watched::end).collect();
+        s.alone.extend(ended);
+    }
+
+    /// Waits until every guardian whose CRIU died has done what it does alone and ended: only
+    /// then does the absence of an action prove anything.
+    fn wait_ended(&self) {
+        wait_for("the guardians end", || {
+            self.0.lock().unwrap().alone.iter().all(|t| t.is_finished())
+        });
     }
 }
 

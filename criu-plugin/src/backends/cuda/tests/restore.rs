@@ -226,8 +226,8 @@ fn a_failed_restore_kills_only_what_its_criu_created() {
     c.init(&w.host, Stage::Restore, &ours()).unwrap();
     std::mem::forget(c);
     w.guardians.criu_dies();
-    wait_for("its own process is killed", || w.gpu.m().dead.contains(&11));
-    std::thread::sleep(Duration::from_millis(100));
+    w.guardians.wait_ended();
+    assert!(w.gpu.m().dead.contains(&11), "its own process is killed");
     assert!(
         !w.gpu.m().dead.contains(&10),
         "process 10 has a pid of the images but another CRIU made it"
