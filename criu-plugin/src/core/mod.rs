@@ -267,7 +267,7 @@ pub mod testing;
 
 #[cfg(test)]
 mod tests {
-    use super::testing::FakeHost;
+    use super::testing::{verdict, FakeHost};
     use super::*;
 
     struct B(&'static str, i32);
@@ -321,12 +321,12 @@ mod tests {
         let mut p = plugin(Stage::Dump);
         p.init(&Inv(vec![], true)).unwrap();
         assert_eq!(
-            p.dispatch(|b, h| b.pause_devices(h, 2)),
-            Ok(Verdict::Done(()))
+            verdict(&p.dispatch(|b, h| b.pause_devices(h, 2))),
+            &Verdict::Done(())
         );
         assert_eq!(
-            p.dispatch(|b, h| b.pause_devices(h, 3)),
-            Ok(Verdict::NotMine)
+            verdict(&p.dispatch(|b, h| b.pause_devices(h, 3))),
+            &Verdict::NotMine
         );
         let err = p.dispatch(|b, h| b.pause_devices(h, -1)).unwrap_err();
         assert_eq!(err.to_string(), "a: broken", "errors name the backend");
@@ -337,15 +337,15 @@ mod tests {
         let mut p = plugin(Stage::Restore);
         p.init(&Inv(vec!["old_plugin"], true)).unwrap();
         assert_eq!(
-            p.dispatch(|b, h| b.pause_devices(h, 100)),
-            Ok(Verdict::Done(()))
+            verdict(&p.dispatch(|b, h| b.pause_devices(h, 100))),
+            &Verdict::Done(())
         );
         // CRIU < 4.1 images have no list: every claim "succeeds", none may be believed.
         let mut p = plugin(Stage::Restore);
         p.init(&Inv(vec![], false)).unwrap();
         assert_eq!(
-            p.dispatch(|b, h| b.pause_devices(h, 100)),
-            Ok(Verdict::NotMine)
+            verdict(&p.dispatch(|b, h| b.pause_devices(h, 100))),
+            &Verdict::NotMine
         );
     }
 }

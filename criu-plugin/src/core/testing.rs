@@ -110,3 +110,12 @@ impl Host for FakeHost {
         Some(true)
     }
 }
+
+/// A hook's verdict, or a panic with its error's message: tests compare verdicts, and errors by
+/// their variant ([`HookError::gpu_error`]).
+pub fn verdict<T>(r: &HookResult<T>) -> &Verdict<T> {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("the hook failed: {e}"),
+    }
+}

@@ -96,11 +96,12 @@ pub enum DumpError {
     )]
     LazyPages(Who),
     #[error(
-        "{} map the CUDA driver, but the driver cannot be loaded by the plugin: {reason}; \
+        "{} {} the CUDA driver, but the driver cannot be loaded by the plugin: {reason}; \
          install the NVIDIA driver (r570 or later) or name the library with \
          CUDA_CKPT_LIBCUDA=PATH (in criu's environment or /etc/criu/gpu-plugin.conf); nothing \
          was locked",
-        list(.processes)
+        list(.processes),
+        if .processes.len() == 1 { "maps" } else { "map" }
     )]
     NoDriver { processes: Vec<Who>, reason: String },
     #[error("CUDA {who} {}; nothing was locked", .held.describe(.who.pid))]

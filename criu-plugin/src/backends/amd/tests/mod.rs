@@ -4,6 +4,7 @@
 //! does alone when CRIU dies.
 
 mod dump;
+mod messages;
 mod restore;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -16,12 +17,23 @@ use amd_kfd::device::Kfd;
 use amd_kfd::topology::fixture;
 use amd_kfd::uapi::alloc;
 
+use super::error::AmdError;
 use super::*;
-use crate::core::testing::FakeHost;
+use crate::core::testing::{verdict, FakeHost};
 use crate::core::FinalState;
 use crate::guardian::agent::{GpuDriver, Machine, Unpaused};
 use crate::guardian::proto::{Level, Watch};
 use crate::guardian::{in_thread, Watched};
+
+/// The AMD error a hook failed with.
+fn failure<T: std::fmt::Debug>(r: &Result<T, HookError>) -> &AmdError {
+    match r {
+        Err(e) => e
+            .gpu_error()
+            .unwrap_or_else(|| panic!("not an AmdError: {e}")),
+        Ok(v) => panic!("expected an error, got {v:?}"),
+    }
+}
 
 /// A simulated AMD machine: its KFD's root, and CRIU's image directory.
 struct World {

@@ -3,6 +3,8 @@
 use super::*;
 
 use amd_kfd::image::ImageReader;
+use criu_gpu_image::amd::AmdCheckError;
+use criu_gpu_image::settings::SettingsError;
 
 #[test]
 fn a_restore_checks_images_up_front_then_restores_in_the_task() {
@@ -16,11 +18,13 @@ fn a_restore_checks_images_up_front_then_restores_in_the_task() {
         .unwrap();
     let e = two
         .backend()
-        .init(&w.host, Stage::Restore, &restore_claims())
-        .unwrap_err();
+        .init(&w.host, Stage::Restore, &restore_claims());
     assert!(
-        e.to_string().contains("the checkpoint used 1 GPU(s) but 2"),
-        "{e}"
+        matches!(
+            failure(&e),
+            AmdError::Check(AmdCheckError::Image { image, .. }) if image.ends_with("amdgpu-kfd-3.img")
+        ),
+        "{e:?}"
     );
 
     // On the right machine: the restored process (this one, after "dying") gets its state back.
@@ -43,8 +47,8 @@ fn a_restore_checks_images_up_front_then_restores_in_the_task() {
         vec![0x5a; 1 << 20]
     );
     assert_eq!(
-        a.restore_ext_file(&w.host, 4),
-        Ok(Verdict::NotMine),
+        verdict(&a.restore_ext_file(&w.host, 4)),
+        &Verdict::NotMine,
         "no image: not ours"
     );
     // The VRAM mapping moved; CRIU gets the new offset and a render fd to map it through.
@@ -58,12 +62,12 @@ fn a_restore_checks_images_up_front_then_restores_in_the_task() {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        a.update_vma_map(&w.host, "/lib/libc.so.6", b.addr, 0),
-        Ok(Verdict::NotMine)
+        verdict(&a.update_vma_map(&w.host, "/lib/libc.so.6", b.addr, 0)),
+        &Verdict::NotMine
     );
     assert_eq!(
-        a.resume_devices_late(&w.host, 999_999),
-        Ok(Verdict::NotMine)
+        verdict(&a.resume_devices_late(&w.host, 999_999)),
+        &Verdict::NotMine
     );
     a.exit(&w.host, Stage::Restore, true);
 }
@@ -71,25 +75,30 @@ fn a_restore_checks_images_up_front_then_restores_in_the_task() {
 #[test]
 fn broken_or_missing_images_are_refused_before_restoring() {
     let w = World::new();
-    let e = w
-        .backend()
-        .init(&w.host, Stage::Restore, &restore_claims())
-        .unwrap_err();
-    assert!(e.to_string().contains("no amdgpu-kfd-*.img"), "{e}");
+    let e = w.backend().init(&w.host, Stage::Restore, &restore_claims());
+    assert!(
+        matches!(failure(&e), AmdError::Check(AmdCheckError::ImagesMissing)),
+        "{e:?}"
+    );
     std::fs::write(w.images.join("amdgpu-kfd-1.img"), [b'x'; 64]).unwrap();
-    let e = w
-        .backend()
-        .init(&w.host, Stage::Restore, &restore_claims())
-        .unwrap_err();
-    assert!(e.to_string().contains("bad magic"), "{e}");
+    let e = w.backend().init(&w.host, Stage::Restore, &restore_claims());
+    assert!(
+        matches!(
+            failure(&e),
+            AmdError::Check(AmdCheckError::Image { image, .. }) if image.ends_with("amdgpu-kfd-1.img")
+        ),
+        "{e:?}"
+    );
     let e = Amd::with(
         Box::new(|| None),
         Box::new(Settings::default),
         Arc::new(|_| panic!("no guardian for a restore that cannot be")),
     )
-    .init(&w.host, Stage::Restore, &Claims::default())
-    .unwrap_err();
-    assert!(e.to_string().contains("no /dev/kfd"), "{e}");
+    .init(&w.host, Stage::Restore, &Claims::default());
+    assert!(
+        matches!(failure(&e), AmdError::Check(AmdCheckError::NoKfd)),
+        "{e:?}"
+    );
     assert!(w.guardians.watches.lock().unwrap().is_empty());
 }
 
@@ -97,20 +106,31 @@ fn broken_or_missing_images_are_refused_before_restoring() {
 fn bad_settings_are_refused_by_name_before_restoring() {
     let w = World::new();
     w.dumped(3);
-    let e = w
-        .backend_with("CRIU_GPU_AMD_FD_BASE=lots\n")
-        .init(&w.host, Stage::Restore, &restore_claims())
-        .unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("CRIU_GPU_AMD_FD_BASE=\"lots\" (from test.conf)"),
-        "{e}"
+    let e = w.backend_with("CRIU_GPU_AMD_FD_BASE=lots\n").init(
+        &w.host,
+        Stage::Restore,
+        &restore_claims(),
     );
-    let e = w
-        .backend_with("KFD_FW_VER_CHECK=maybe\n")
-        .init(&w.host, Stage::Restore, &restore_claims())
-        .unwrap_err();
-    assert!(e.to_string().contains("use 0, 1, NO or YES"), "{e}");
+    assert!(
+        matches!(
+            failure(&e),
+            AmdError::Settings(SettingsError { key: "CRIU_GPU_AMD_FD_BASE", value, .. }) if value == "lots"
+        ),
+        "{e:?}"
+    );
+    let e =
+        w.backend_with("KFD_FW_VER_CHECK=maybe\n")
+            .init(&w.host, Stage::Restore, &restore_claims());
+    assert!(
+        matches!(
+            failure(&e),
+            AmdError::Check(AmdCheckError::Settings(SettingsError {
+                key: "KFD_FW_VER_CHECK",
+                ..
+            }))
+        ),
+        "{e:?}"
+    );
     // A relaxed check is read through the settings too (here it changes nothing).
     w.backend_with("KFD_FW_VER_CHECK=NO\nCRIU_GPU_AMD_FD_BASE=600\n")
         .init(&w.host, Stage::Restore, &restore_claims())

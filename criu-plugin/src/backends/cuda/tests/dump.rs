@@ -8,10 +8,10 @@ fn a_dump_locks_every_cuda_process_at_the_first_pause_then_checkpoints_all() {
     let w = World::new(&[(10, R), (11, R)], &[99]);
     let (mut c, r) = w.dump(Stage::Dump);
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
-    assert_eq!(r[0], Ok(Verdict::Done(())));
+    assert_eq!(verdict(&r[0]), &Verdict::Done(()));
     assert_eq!(
-        r[2],
-        Ok(Verdict::NotMine),
+        verdict(&r[2]),
+        &Verdict::NotMine,
         "a process without CUDA is not ours"
     );
     let calls = w.gpu.m().calls.clone();
@@ -59,7 +59,7 @@ fn a_tree_without_cuda_is_left_to_criu_alone() {
     let mut w = World::new(&[], &[5, 6]);
     w.host.root = Some(5);
     let (mut c, r) = w.dump(Stage::Dump);
-    assert!(r.iter().all(|x| *x == Ok(Verdict::NotMine)), "{r:?}");
+    assert!(r.iter().all(|x| matches!(x, Ok(Verdict::NotMine))), "{r:?}");
     c.exit(&w.host, Stage::Dump, true);
     assert!(
         !*w.host.interrupt_only.lock().unwrap(),
@@ -99,10 +99,13 @@ fn a_failed_checkpoint_is_undone_for_every_process() {
         .fail
         .insert((11, Call::Checkpoint), code::OUT_OF_MEMORY);
     let (mut c, r) = w.dump(Stage::Dump);
-    let e = r.iter().find_map(|x| x.as_ref().err()).unwrap().to_string();
+    let DumpError::Checkpoints { failures } = first_failure(&r) else {
+        panic!("{r:?}");
+    };
+    assert_eq!(pids(failures), [11]);
     assert!(
-        e.contains("process 11") && e.contains("returned to its state"),
-        "{e}"
+        matches!(&failures[0].1, ActionFailure::Driver(d) if d.code == code::OUT_OF_MEMORY),
+        "{failures:?}"
     );
     c.exit(&w.host, Stage::Dump, false);
     assert_eq!(w.gpu.state(10), R, "checkpointed: restored and unlocked");
@@ -132,12 +135,13 @@ fn a_lock_that_gives_up_names_the_process_and_the_fix() {
     w.gpu.m().fail.insert((11, Call::Lock), 600);
     w.tree.0.lock().unwrap().nccl.insert(11);
     let (mut c, r) = w.dump(Stage::Dump);
-    let e = err_text(&r[0]);
+    let DumpError::Locks { failures, rounds } = failure(&r[0]) else {
+        panic!("{r:?}");
+    };
+    assert_eq!(pids(failures), [11]);
     assert!(
-        e.contains("GPU work in process 11 (app) did not finish within")
-            && e.contains("NCCL")
-            && e.contains("CRIU_GPU_LOCK_TIMEOUT_MS"),
-        "{e}"
+        matches!(failures[0].1, LockFailure::GaveUp { nccl: true, .. }) && rounds.is_none(),
+        "{failures:?}"
     );
     c.exit(&w.host, Stage::Dump, false);
     assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R));
@@ -174,13 +178,15 @@ fn ranks_are_locked_in_rounds_until_one_locks_them_all() {
 fn with_rounds_off_ranks_are_locked_once_and_a_rank_that_waits_fails_the_dump() {
     let w = ranks(&[(11, 1)]).set("CRIU_GPU_LOCK_ROUNDS", "0");
     let (mut c, r) = w.dump(Stage::Dump);
-    let e = err_text(&r[0]);
+    let DumpError::Locks { failures, rounds } = failure(&r[0]) else {
+        panic!("{r:?}");
+    };
+    assert_eq!(pids(failures), [11]);
     assert!(
-        e.contains("GPU work in process 11 (app) did not finish")
-            && e.contains("It uses NCCL")
-            && !e.contains("rounds of locking"),
-        "{e}"
+        matches!(failures[0].1, LockFailure::GaveUp { nccl: true, .. }),
+        "{failures:?}"
     );
+    assert!(rounds.is_none(), "one round: {rounds:?}");
     c.exit(&w.host, Stage::Dump, false);
     assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R));
 }
@@ -196,14 +202,15 @@ fn rounds_that_never_lock_every_rank_end_within_criu_seize_time() {
         "{:?}",
         start.elapsed()
     );
-    let e = err_text(&r[0]);
+    let DumpError::Locks { failures, rounds } = failure(&r[0]) else {
+        panic!("{r:?}");
+    };
+    assert_eq!(pids(failures), [11], "only the rank that never locked");
     assert!(
-        e.contains("GPU work in process 11 (app) did not finish")
-            && e.contains("rounds of locking the 2 CUDA processes at once")
-            && e.contains("raise criu --timeout")
-            && !e.contains("process 10"),
-        "{e}"
+        matches!(failures[0].1, LockFailure::GaveUp { .. }),
+        "{failures:?}"
     );
+    assert!(matches!(rounds, Some((2, _))), "{rounds:?}");
     c.exit(&w.host, Stage::Dump, false);
     assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R));
 }
@@ -240,8 +247,11 @@ fn a_held_process_is_refused_before_anything_is_locked() {
         let w = World::new(&[(10, R), (11, R)], &[]);
         w.tree.0.lock().unwrap().held.insert(11, held.clone());
         let (mut c, r) = w.dump(Stage::Dump);
-        let e = err_text(&r[0]);
-        assert!(e.contains("nothing was locked"), "{e}");
+        let e: &DumpError = failure(&r[0]);
+        assert!(
+            matches!(e, DumpError::Held { who, held: h } if who.pid == 11 && *h == held),
+            "{e:?}"
+        );
         assert!(
             w.gpu.m().calls.iter().all(|c| !c.starts_with("Lock")),
             "{held:?}"
@@ -254,8 +264,8 @@ fn a_held_process_is_refused_before_anything_is_locked() {
 fn pre_dumps_are_refused_before_any_lock() {
     let w = World::new(&[(10, R)], &[]);
     let (_c, r) = w.dump(Stage::PreDump);
-    let e = err_text(&r[0]);
-    assert!(e.contains("pre-dump is not supported"), "{e}");
+    let e: &DumpError = failure(&r[0]);
+    assert!(matches!(e, DumpError::PreDump(w) if w.pid == 10), "{e:?}");
     assert_eq!(w.gpu.state(10), R);
     assert!(w.gpu.m().calls.is_empty(), "nothing was locked");
 }
@@ -265,10 +275,10 @@ fn a_process_stopped_between_its_lock_and_the_seize_fails_the_dump() {
     let w = World::new(&[(10, R)], &[]);
     w.host.threads.seized_stopped.lock().unwrap().push((10, 19));
     let (mut c, r) = w.dump(Stage::Dump);
-    let e = err_text(&r[1]);
+    let e: &DumpError = failure(&r[1]);
     assert!(
-        e.contains("stopped by signal 19") && e.contains("kill -CONT 10"),
-        "{e}"
+        matches!(e, DumpError::StoppedDuringDump { who, signal: 19 } if who.pid == 10),
+        "{e:?}"
     );
     c.exit(&w.host, Stage::Dump, false);
     assert_eq!(w.gpu.state(10), R);
@@ -280,8 +290,14 @@ fn a_checkpoint_that_does_not_return_fails_in_time_and_is_undone_once_it_lands()
     w.gpu.m().hang.insert((11, Call::Checkpoint));
     let start = Instant::now();
     let (mut c, r) = w.dump(Stage::Dump);
-    let e = r.iter().find_map(|x| x.as_ref().err()).unwrap().to_string();
-    assert!(e.contains("did not finish within 1 s"), "{e}");
+    let DumpError::Checkpoints { failures } = first_failure(&r) else {
+        panic!("{r:?}");
+    };
+    assert_eq!(pids(failures), [11]);
+    assert!(
+        matches!(failures[0].1, ActionFailure::Stuck { limit } if limit == Duration::from_secs(1)),
+        "{failures:?}"
+    );
     assert!(start.elapsed() < Duration::from_secs(5));
     // The GPU answers again while `exit` rolls back: the rollback waits behind the checkpoint.
     let gpu = w.gpu.clone();
@@ -332,10 +348,13 @@ fn no_driver_is_an_error_naming_the_library_setting() {
     let w = World::new(&[(10, R)], &[]);
     w.guardians.set_machine(Arc::new(NoDriver));
     let (_c, r) = w.dump(Stage::Dump);
-    let e = err_text(&r[0]);
+    let DumpError::NoDriver { processes, reason } = failure(&r[0]) else {
+        panic!("{r:?}");
+    };
+    assert_eq!(processes.iter().map(|w| w.pid).collect::<Vec<_>>(), [10]);
     assert!(
-        e.contains("CUDA_CKPT_LIBCUDA") && e.contains("process 10"),
-        "{e}"
+        reason.contains("libcuda.so.1"),
+        "the loader's words: {reason}"
     );
 }
 
@@ -347,14 +366,19 @@ fn nccl_ranks_whose_transports_cannot_be_restored_are_refused_before_any_lock() 
     let w = World::new(&[(10, R), (11, R), (12, R)], &[]);
     w.tree.0.lock().unwrap().nccl.extend([10, 11]);
     let (mut c, r) = w.dump(Stage::Dump);
-    let e = err_text(&r[0]);
-    assert!(
-        e.contains("process 10 (app) (P2P, SHM and cuMem)")
-            && e.contains("process 11 (app)")
-            && !e.contains("process 12")
-            && e.contains("NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0")
-            && e.contains("nothing was locked"),
-        "{e}"
+    let e: &DumpError = failure(&r[0]);
+    let DumpError::Refused(Refusal::NcclTransports { ranks }) = e else {
+        panic!("{e:?}");
+    };
+    let refused: Vec<i32> = ranks.iter().map(|(pid, _, _)| *pid).collect();
+    assert_eq!(refused, [10, 11], "only the NCCL ranks: {e:?}");
+    assert_eq!(
+        ranks[0].2,
+        [
+            nccl::Transport::P2p,
+            nccl::Transport::Shm,
+            nccl::Transport::CuMem
+        ]
     );
     assert!(
         !w.gpu.m().calls.iter().any(|c| c.starts_with("Lock")),
@@ -507,15 +531,19 @@ fn an_io_uring_in_the_tree_is_refused_before_any_lock() {
     let w = World::new(&[(10, R), (11, R)], &[12]);
     w.tree.0.lock().unwrap().uring.insert(12);
     let (mut c, r) = w.dump(Stage::Dump);
-    let e = err_text(&r[0]);
+    let e: &DumpError = failure(&r[0]);
     assert!(
-        e.contains(
-            "process 12 (app) holds io_uring instances (1 fd(s), 2 ring mapping(s); it \
-                    maps libtorch_cpu.so)"
-        ) && e.contains("USE_LIBUV=0")
-            && e.contains("kernel.io_uring_disabled=2")
-            && e.contains("nothing was locked"),
-        "{e}"
+        matches!(
+            e,
+            DumpError::Refused(Refusal::IoUring {
+                pid: 12,
+                support: RingSupport::None,
+                fds: 1,
+                mappings: 2,
+                ..
+            })
+        ),
+        "{e:?}"
     );
     assert!(w.gpu.m().calls.is_empty(), "{:?}", w.gpu.m().calls);
     c.exit(&w.host, Stage::Dump, false);
@@ -523,7 +551,7 @@ fn an_io_uring_in_the_tree_is_refused_before_any_lock() {
     let w = World::new(&[], &[12, 13]);
     w.tree.0.lock().unwrap().uring.insert(12);
     let (_c, r) = w.dump(Stage::Dump);
-    assert!(r.iter().all(|x| *x == Ok(Verdict::NotMine)), "{r:?}");
+    assert!(r.iter().all(|x| matches!(x, Ok(Verdict::NotMine))), "{r:?}");
 }
 
 /// The project's CRIU (patch 0008) dumps rings that are idle: only a ring with work in flight is
@@ -542,12 +570,19 @@ fn with_the_projects_criu_only_rings_that_are_not_idle_are_refused() {
     w.tree.0.lock().unwrap().uring.extend([12, 13]);
     w.tree.0.lock().unwrap().busy_uring.insert(13);
     let (mut c, r) = w.dump(Stage::Dump);
-    let e = err_text(&r[0]);
-    assert!(
-        e.contains("process 13 (app)")
-            && e.contains("fd 7: io_uring with 1 request(s) in flight")
-            && e.contains("nothing was locked"),
-        "{e}"
+    let e: &DumpError = failure(&r[0]);
+    let DumpError::Refused(Refusal::IoUring {
+        pid: 13,
+        support: RingSupport::Idle,
+        rings,
+        ..
+    }) = e
+    else {
+        panic!("only the busy ring is refused: {e:?}");
+    };
+    assert_eq!(
+        rings,
+        &["fd 7: io_uring with 1 request(s) in flight (opcodes 22)"]
     );
     assert!(w.gpu.m().calls.is_empty(), "{:?}", w.gpu.m().calls);
     c.exit(&w.host, Stage::Dump, false);

@@ -20,10 +20,10 @@ use criu_gpu_image::cuda::{CudaImage, FORMAT, RECORD, VERSION};
 use criu_gpu_image::record;
 use criu_gpu_image::thp::Thp;
 
-use super::error::Held;
+use super::error::{ActionFailure, DumpError, Held, LockFailure, RestoreError};
 use super::procs::Procs;
 use super::*;
-use crate::core::testing::FakeHost;
+use crate::core::testing::{verdict, FakeHost};
 use crate::core::{FinalState, Settings};
 use crate::guardian::agent::{GpuDriver, Machine};
 use crate::guardian::proto::{Level, Watch};
@@ -467,11 +467,25 @@ impl World {
     }
 }
 
-fn err_text(r: &HookResult) -> String {
+/// The backend's typed error a hook failed with (`DumpError`, `RestoreError`).
+fn failure<E: std::error::Error + 'static, T: std::fmt::Debug>(r: &Result<T, HookError>) -> &E {
     match r {
-        Err(e) => e.to_string(),
+        Err(e) => e
+            .gpu_error()
+            .unwrap_or_else(|| panic!("not a {}: {e}", std::any::type_name::<E>())),
         Ok(v) => panic!("expected an error, got {v:?}"),
     }
+}
+
+/// The first failure among a dump's hook results.
+fn first_failure(r: &[HookResult]) -> &DumpError {
+    let e = r.iter().find(|x| x.is_err()).expect("a hook failed");
+    failure(e)
+}
+
+/// The pids of a failure's processes.
+fn pids<T>(list: &[(error::Who, T)]) -> Vec<i32> {
+    list.iter().map(|(w, _)| w.pid).collect()
 }
 
 fn wait_for(what: &str, f: impl Fn() -> bool) {
@@ -503,4 +517,5 @@ impl Machine for NoDriver {
 }
 
 mod dump;
+mod messages;
 mod restore;

@@ -1,6 +1,8 @@
 //! Restores: what is restored at once, refused before anything starts, or killed.
 
 use super::*;
+use criu_gpu_image::digest::DigestError;
+use criu_gpu_image::restorable::CudaCheckError;
 
 /// An image directory holding a dump of `procs`.
 fn dumped(procs: &[(i32, ProcessState)]) -> std::path::PathBuf {
@@ -58,9 +60,15 @@ fn a_restore_brings_back_the_whole_tree_at_once() {
     let mut c = w.backend();
     c.init(&w.host, Stage::Restore, &ours()).unwrap();
     for pid in [500, 501, 502] {
-        assert_eq!(c.resume_devices_late(&w.host, pid), Ok(Verdict::Done(())));
+        assert_eq!(
+            verdict(&c.resume_devices_late(&w.host, pid)),
+            &Verdict::Done(())
+        );
     }
-    assert_eq!(c.resume_devices_late(&w.host, 503), Ok(Verdict::NotMine));
+    assert_eq!(
+        verdict(&c.resume_devices_late(&w.host, 503)),
+        &Verdict::NotMine
+    );
     // Also the ones someone else had locked or checkpointed before the dump: nothing is left
     // paused by a restore that succeeds.
     for pid in [500, 501, 502] {
@@ -79,9 +87,19 @@ fn a_failed_restore_kills_the_tree_so_criu_fails() {
         .insert((11, Call::Restore), code::OUT_OF_MEMORY);
     let mut c = w.backend();
     c.init(&w.host, Stage::Restore, &ours()).unwrap();
-    assert_eq!(c.resume_devices_late(&w.host, 10), Ok(Verdict::Done(())));
-    let e = c.resume_devices_late(&w.host, 11).unwrap_err().to_string();
-    assert!(e.contains("CRIU_GPU_DEVICE_MAP"), "{e}");
+    assert_eq!(
+        verdict(&c.resume_devices_late(&w.host, 10)),
+        &Verdict::Done(())
+    );
+    let e = c.resume_devices_late(&w.host, 11);
+    assert!(
+        matches!(
+            failure(&e),
+            RestoreError::Action { who, failure: ActionFailure::Driver(d) }
+                if who.pid == 11 && d.code == code::OUT_OF_MEMORY
+        ),
+        "{e:?}"
+    );
     assert_eq!(w.tree.0.lock().unwrap().killed, vec![11, 10]);
 }
 
@@ -93,10 +111,10 @@ fn a_process_missing_from_the_restored_tree_fails_the_restore_at_the_root() {
     let w = restore_world(dir, &[(10, C)]);
     let mut c = w.backend();
     c.init(&w.host, Stage::Restore, &ours()).unwrap();
-    let e = err_text(&c.resume_devices_late(&w.host, 10));
+    let e = c.resume_devices_late(&w.host, 10);
     assert!(
-        e.contains("CUDA process 11 (") && e.contains("not in the restored tree"),
-        "{e}"
+        matches!(failure(&e), RestoreError::NotInTree { ns_pid: 11, .. }),
+        "{e:?}"
     );
     assert_eq!(w.tree.0.lock().unwrap().killed, vec![10]);
 }
@@ -106,12 +124,14 @@ fn restore_is_refused_before_anything_starts_when_gpus_lack_room() {
     let dir = dumped(&[(10, R), (11, R)]);
     let w = restore_world(dir, &[]);
     w.gpu.m().free = 1 << 30; // the two processes need 2 GiB
-    let e = w
-        .backend()
-        .init(&w.host, Stage::Restore, &ours())
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("2.00 GiB") && e.contains("1.00 GiB free"), "{e}");
+    let e = w.backend().init(&w.host, Stage::Restore, &ours());
+    assert!(
+        matches!(
+            failure(&e),
+            RestoreError::Check(CudaCheckError::Placement { .. })
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -121,19 +141,25 @@ fn damaged_images_are_refused_with_the_file_name() {
     let mut pages = std::fs::read(dir.join("pages-1.img")).unwrap();
     pages[100] ^= 0xff;
     std::fs::write(dir.join("pages-1.img"), &pages).unwrap();
-    let e = w
-        .backend()
-        .init(&w.host, Stage::Restore, &ours())
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("pages-1.img is damaged"), "{e}");
+    let e = w.backend().init(&w.host, Stage::Restore, &ours());
+    assert!(
+        matches!(
+            failure(&e),
+            RestoreError::Check(CudaCheckError::Digest(DigestError::Damaged { name }))
+                if name == "pages-1.img"
+        ),
+        "{e:?}"
+    );
     std::fs::write(dir.join("pages-1.img"), &pages[..1000]).unwrap();
-    let e = w
-        .backend()
-        .init(&w.host, Stage::Restore, &ours())
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("pages-1.img is truncated"), "{e}");
+    let e = w.backend().init(&w.host, Stage::Restore, &ours());
+    assert!(
+        matches!(
+            failure(&e),
+            RestoreError::Check(CudaCheckError::Digest(DigestError::Size { name, found: 1000, .. }))
+                if name == "pages-1.img"
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -141,14 +167,14 @@ fn restore_without_a_driver_names_the_cause() {
     let dir = dumped(&[(10, R)]);
     let w = restore_world(dir, &[]);
     w.guardians.set_machine(Arc::new(NoDriver));
-    let e = w
-        .backend()
-        .init(&w.host, Stage::Restore, &ours())
-        .unwrap_err()
-        .to_string();
+    let e = w.backend().init(&w.host, Stage::Restore, &ours());
     assert!(
-        e.contains("CUDA state of 1 process") && e.contains("cannot open"),
-        "{e}"
+        matches!(
+            failure(&e),
+            RestoreError::Check(CudaCheckError::NoDriver { reason, .. })
+                if reason.contains("cannot open")
+        ),
+        "{e:?}"
     );
 }
 
@@ -164,7 +190,10 @@ fn what_the_inventory_says_decides_whether_the_record_counts() {
     };
     let mut c = w.backend();
     c.init(&w.host, Stage::Restore, &stale).unwrap();
-    assert_eq!(c.resume_devices_late(&w.host, 1), Ok(Verdict::NotMine));
+    assert_eq!(
+        verdict(&c.resume_devices_late(&w.host, 1)),
+        &Verdict::NotMine
+    );
     assert_eq!(w.guardians.spawned(), 0, "no driver needed");
     // An image of CRIU < 4.1 (no list) without a record holds no CUDA state.
     let empty = restore_world(tempfile::tempdir().unwrap().keep(), &[]);
@@ -175,14 +204,19 @@ fn what_the_inventory_says_decides_whether_the_record_counts() {
     };
     let mut c = empty.backend();
     c.init(&empty.host, Stage::Restore, &old).unwrap();
-    assert_eq!(c.resume_devices_late(&empty.host, 1), Ok(Verdict::NotMine));
+    assert_eq!(
+        verdict(&c.resume_devices_late(&empty.host, 1)),
+        &Verdict::NotMine
+    );
     // The image lists this plugin but the record is gone.
-    let e = empty
-        .backend()
-        .init(&empty.host, Stage::Restore, &ours())
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("gpu-cuda.json is missing"), "{e}");
+    let e = empty.backend().init(&empty.host, Stage::Restore, &ours());
+    assert!(
+        matches!(
+            failure(&e),
+            RestoreError::Check(CudaCheckError::RecordMissing)
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -241,10 +275,10 @@ fn a_restored_container_without_the_gpus_device_node_is_refused_and_killed() {
     w.tree.0.lock().unwrap().no_nodes.insert(10);
     let mut c = w.backend();
     c.init(&w.host, Stage::Restore, &ours()).unwrap();
-    let e = err_text(&c.resume_devices_late(&w.host, 10));
+    let e = c.resume_devices_late(&w.host, 10);
     assert!(
-        e.contains("/dev/nvidia0") && e.contains("nvidia.com/gpu="),
-        "{e}"
+        matches!(failure(&e), RestoreError::NoDeviceNode { who, minor: 0, .. } if who.pid == 10),
+        "{e:?}"
     );
     assert_eq!(w.tree.0.lock().unwrap().killed, vec![10]);
     assert!(
@@ -261,7 +295,10 @@ fn the_device_memory_arrives_while_the_driver_restores() {
     c.init(&w.host, Stage::Restore, &ours()).unwrap();
     let asked = w.host.deferred.as_ref().unwrap().lock().unwrap().clone();
     assert_eq!(asked, [(10, 0x8000..0x9000)], "by its pid in the image");
-    assert_eq!(c.resume_devices_late(&w.host, 500), Ok(Verdict::Done(())));
+    assert_eq!(
+        verdict(&c.resume_devices_late(&w.host, 500)),
+        &Verdict::Done(())
+    );
     assert_eq!(w.gpu.state(500), R);
 }
 
@@ -278,15 +315,18 @@ fn overlap_off_or_a_criu_that_cannot_restores_every_page_first() {
         .lock()
         .unwrap()
         .is_empty());
-    assert_eq!(c.resume_devices_late(&off.host, 10), Ok(Verdict::Done(())));
+    assert_eq!(
+        verdict(&c.resume_devices_late(&off.host, 10)),
+        &Verdict::Done(())
+    );
 
     let mut stock = restore_world(dumped_with_staging(), &[(10, C)]);
     stock.host.deferred = None;
     let mut c = stock.backend();
     c.init(&stock.host, Stage::Restore, &ours()).unwrap();
     assert_eq!(
-        c.resume_devices_late(&stock.host, 10),
-        Ok(Verdict::Done(()))
+        verdict(&c.resume_devices_late(&stock.host, 10)),
+        &Verdict::Done(())
     );
     assert_eq!(stock.gpu.state(10), R);
 }
