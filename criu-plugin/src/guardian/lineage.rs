@@ -270,10 +270,12 @@ mod tests {
     /// ours, a process forked by someone else is not. Needs root (the proc connector).
     #[test]
     fn what_a_process_forks_is_followed_and_nothing_else() {
-        let Ok(events) = subscribe() else {
-            eprintln!("no proc connector here (not root?): skipped");
-            return;
-        };
+        let events = subscribe().unwrap_or_else(|e| {
+            panic!(
+                "needs the kernel's proc connector, which only root may read ({e}): run the \
+                 tests as root, as scripts/test.sh does"
+            )
+        });
         let me = std::process::id() as i32;
         let l = Lineage::follow(Some(events), me);
         let mut child = std::process::Command::new("sh")
