@@ -195,6 +195,13 @@ fn read_header(file: &mut File, p: &str) -> Result<(u64, u64, u32), ImageError> 
             found: version,
         });
     }
+    // The two reserved words are written as zero: anything else is damage no checksum covers.
+    if u32_at(12) != 0 || u32_at(36) != 0 {
+        return Err(ImageError::Corrupt {
+            path: p.to_owned(),
+            what: "reserved header bytes are not zero".into(),
+        });
+    }
     let (payload_len, meta_len, meta_crc) = (u64_at(16), u64_at(24), u32_at(32));
     if meta_len > MAX_METADATA {
         return Err(ImageError::Oversized {

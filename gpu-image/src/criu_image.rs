@@ -341,6 +341,9 @@ impl Image {
             image.entries.push(entry.to_vec());
             rest = &after[len as usize..];
         }
+        if !rest.is_empty() {
+            return Err(image.bad("truncated"));
+        }
         Ok(image)
     }
 
