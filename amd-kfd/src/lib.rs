@@ -6,6 +6,13 @@
 //! * [`device`]: the KFD operations behind one trait, for the kernel and for a simulation;
 //! * [`dump`], [`restore`], [`vma`]: the sequences CRIU's hooks run.
 
+// CRIU loads this library with the plugin: its code answers with errors, never a panic (see
+// criu-plugin/src/lib.rs); tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 // Tests read as one scenario each: the length limit is for the library.
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 

@@ -148,6 +148,12 @@ pub enum PlacementError {
         unplaced: Vec<String>,
         here: Vec<Gpu>,
     },
+    /// The search gave two GPUs of the checkpoint one GPU here: a defect of the search.
+    #[error(
+        "the placement found is not one GPU here for each of the checkpoint ({0}): give the \
+         whole device map explicitly with OLD=NEW"
+    )]
+    NotOneToOne(crate::driver::ParseError),
 }
 
 use crate::units::in_gib as gib;
@@ -223,7 +229,7 @@ pub fn place(
     pairs.extend(open.iter().zip(&chosen).map(|(o, n)| (o.uuid, *n)));
     let order = |u: &GpuUuid| at_checkpoint.iter().position(|g| g.uuid == *u);
     pairs.sort_by_key(|(o, _)| order(o));
-    let map = DeviceMap::new(pairs).expect("a placement is one-to-one");
+    let map = DeviceMap::new(pairs).map_err(PlacementError::NotOneToOne)?;
     Ok(Placement {
         processes: landings(usage, &map),
         notes: notes(&map, here, &need_of, usage),

@@ -6,6 +6,13 @@
 //! cannot ([`netlock`]). The CRIU plugin and `criu-gpu` both use
 //! it; [`node`] runs the whole check from a tool, loading the driver and NVML itself.
 
+// CRIU loads this library with the plugin: its code answers with errors, never a panic (see
+// criu-plugin/src/lib.rs); tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 pub mod amd;
 pub mod criu_image;
 pub mod cuda;

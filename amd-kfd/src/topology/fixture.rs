@@ -61,8 +61,9 @@ pub fn gpu(id: u32, device_id: u32, salt: u32) -> Node {
 
 fn link(t: &mut Topology, a: u32, b: u32, kind: u32) {
     for (x, y) in [(a, b), (b, a)] {
-        let n = t.nodes.iter_mut().find(|n| n.id == x).expect("node");
-        n.links.push(IoLink { kind, to: y });
+        for n in t.nodes.iter_mut().filter(|n| n.id == x) {
+            n.links.push(IoLink { kind, to: y });
+        }
     }
 }
 

@@ -102,8 +102,9 @@ struct Side<'a> {
 }
 
 impl Side<'_> {
-    fn node(&self, id: u32) -> &Node {
-        self.topo.node(id).expect("node of this topology")
+    /// A node of this side (ids come from its own topology: always found).
+    fn node(&self, id: u32) -> Option<&Node> {
+        self.topo.node(id)
     }
     fn links(&self, id: u32) -> &[Link] {
         self.links.valid.get(&id).map_or(&[], Vec::as_slice)
@@ -187,7 +188,9 @@ struct Search<'a> {
 impl Search<'_> {
     /// Tries `src` -> `dst`; on success returns the CPU pairs it adds.
     fn fits(&mut self, src: u32, dst: u32) -> Option<Vec<(u32, u32)>> {
-        let (s, d) = (self.src.node(src), self.dst.node(dst));
+        let (Some(s), Some(d)) = (self.src.node(src), self.dst.node(dst)) else {
+            return None;
+        };
         if let Some(why) = property_mismatch(s, d, &self.checks) {
             self.why
                 .entry(s.gpu_id)
@@ -256,7 +259,10 @@ impl Search<'_> {
             let Some(cpus) = self.fits(first, dst) else {
                 continue;
             };
-            let (sg, dg) = (self.src.node(first).gpu_id, self.dst.node(dst).gpu_id);
+            let (Some(s), Some(d)) = (self.src.node(first), self.dst.node(dst)) else {
+                continue;
+            };
+            let (sg, dg) = (s.gpu_id, d.gpu_id);
             self.map.gpus.insert(sg, dg);
             self.map.cpus.extend(cpus.iter().copied());
             dsts.remove(i);

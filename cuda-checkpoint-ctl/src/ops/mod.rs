@@ -375,10 +375,9 @@ pub fn apply_all(driver: &Driver, pids: &[i32], goal: &Goal, opts: &Options) -> 
             .collect();
         let undone = in_parallel(&undo, |pid| apply(driver, pid, &Goal::Recover, opts));
         for u in undone {
-            let o = outcomes
-                .iter_mut()
-                .find(|o| o.pid == u.pid)
-                .expect("own pid");
+            let Some(o) = outcomes.iter_mut().find(|o| o.pid == u.pid) else {
+                continue; // undone are a subset of outcomes
+            };
             o.rolled_back = u.ok();
             o.after = u.after;
             if let Some(e) = u.error {
@@ -397,7 +396,8 @@ pub fn in_parallel<T: Send>(pids: &[i32], f: impl Fn(i32) -> T + Sync) -> Vec<T>
         let handles: Vec<_> = pids.iter().map(|&pid| s.spawn(move || f(pid))).collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("worker thread panicked"))
+            // A worker's panic goes on in the caller, as if `f` had run here.
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     })
 }
