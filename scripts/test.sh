@@ -65,12 +65,17 @@ if grep -q AMD_KFD_SIM_ROOT target/release/libcriu_gpu_plugin.so; then
 	exit 1
 fi
 echo "ok: target/release/libcriu_gpu_plugin.so has no simulated driver in it"
-# The plugin is linked into CRIU: no command-line parser in it (the ctl's `cli` feature).
-if cargo tree --locked -p criu-gpu-plugin -e normal --prefix none | grep -q '^clap '; then
-	echo "test.sh: clap is in the plugin's dependency graph (cargo tree -p criu-gpu-plugin -i clap)" >&2
-	exit 1
-fi
-echo "ok: no clap in the plugin's dependency graph"
+# The plugin is linked into CRIU: no command-line parser in it (the ctl's `cli` feature), no
+# catch-all error type (its libraries answer typed errors), no CUDA binding crate (the six
+# structs it needs are declared in cuda-checkpoint-ctl's driver::cuda_h).
+plugin_deps=$(cargo tree --locked -p criu-gpu-plugin -e normal --prefix none)
+for crate in clap anyhow cudarc; do
+	if grep -q "^$crate " <<<"$plugin_deps"; then
+		echo "test.sh: $crate is in the plugin's dependency graph (cargo tree -p criu-gpu-plugin -e normal -i $crate)" >&2
+		exit 1
+	fi
+done
+echo "ok: no clap, anyhow or cudarc in the plugin's dependency graph"
 step "the operator's packages, built and installed by apt into a fresh root"
 bash scripts/bundle.sh "$root/target/bundle"
 bash scripts/test-bundle.sh "$root/target/bundle"

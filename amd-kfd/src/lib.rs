@@ -12,7 +12,6 @@
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
-
 // Tests read as one scenario each: the length limit is for the library.
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 

@@ -1,9 +1,8 @@
 //! The driver's checkpoint entry points, resolved from `libcuda.so.1` at run time.
 //!
-//! This is the only module of the crate with `unsafe`. The argument structs come from cudarc's
-//! bindgen output of `cuda.h` (CUDA 13.0 layout, where `CUcheckpointRestoreArgs` carries the GPU
-//! pairs). cudarc 0.19 declares those types but does not bind the six `cuCheckpointProcess*`
-//! functions, so they are looked up here with libloading, the same loader cudarc uses.
+//! This is the only module of the crate with `unsafe`. The argument structs are `cuda.h`'s
+//! (CUDA 13.0 layout, declared in [`super::cuda_h`]); the six `cuCheckpointProcess*` functions
+//! are looked up here with libloading.
 //! Results and states cross the boundary as plain integers: a driver newer than these bindings
 //! may return codes no Rust enum knows, and an unknown enum discriminant would be undefined
 //! behaviour.
@@ -11,11 +10,12 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::PathBuf;
 
-use cudarc::driver::sys::{
+use libloading::Library;
+
+use super::cuda_h::{
     CUcheckpointCheckpointArgs, CUcheckpointGpuPair, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
     CUcheckpointUnlockArgs, CUuuid,
 };
-use libloading::Library;
 
 /// `CUresult` as the driver returns it.
 pub type RawResult = c_uint;
@@ -177,7 +177,7 @@ impl RawDriver {
 
     pub fn lock(&self, pid: i32, timeout_ms: u32) -> Result<(), RawResult> {
         let mut args = CUcheckpointLockArgs {
-            timeoutMs: timeout_ms,
+            timeout_ms,
             reserved0: 0,
             reserved1: [0; 7],
         };
@@ -196,17 +196,17 @@ impl RawDriver {
         let mut raw: Vec<CUcheckpointGpuPair> = pairs
             .iter()
             .map(|(old, new)| CUcheckpointGpuPair {
-                oldUuid: uuid(old),
-                newUuid: uuid(new),
+                old_uuid: uuid(old),
+                new_uuid: uuid(new),
             })
             .collect();
         let mut args = CUcheckpointRestoreArgs {
-            gpuPairs: if raw.is_empty() {
+            gpu_pairs: if raw.is_empty() {
                 std::ptr::null_mut()
             } else {
                 raw.as_mut_ptr()
             },
-            gpuPairsCount: raw.len() as c_uint,
+            gpu_pairs_count: raw.len() as c_uint,
             reserved: [0; 44],
             reserved1: 0,
         };
@@ -247,20 +247,6 @@ fn check(code: RawResult) -> Result<(), RawResult> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The argument structs must have the sizes the driver expects (cuda.h: 64 bytes each).
-    #[test]
-    fn argument_layouts_match_cuda_h() {
-        assert_eq!(std::mem::size_of::<CUcheckpointLockArgs>(), 64);
-        assert_eq!(std::mem::size_of::<CUcheckpointCheckpointArgs>(), 64);
-        assert_eq!(std::mem::size_of::<CUcheckpointRestoreArgs>(), 64);
-        assert_eq!(std::mem::size_of::<CUcheckpointUnlockArgs>(), 64);
-        assert_eq!(std::mem::size_of::<CUcheckpointGpuPair>(), 32);
-        assert_eq!(
-            std::mem::offset_of!(CUcheckpointRestoreArgs, gpuPairsCount),
-            8
-        );
-    }
 
     #[test]
     fn missing_library_is_reported() {

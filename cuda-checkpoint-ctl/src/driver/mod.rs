@@ -10,6 +10,7 @@
 //! it started inside that process (the "restore thread"), which must be able to run for
 //! `checkpoint` and `restore` to finish.
 
+mod cuda_h;
 mod ffi;
 mod uuid;
 
