@@ -4,6 +4,8 @@
 # and prints what it saw; nothing here asserts.
 #
 #   scripts/experiments/driver-facts.sh [OUT_DIR]       (needs nvcc, python3 and cuda-checkpoint-ctl)
+#   PART=2 or PART=3 ... runs the second or third set (E9-E12; E13-E15, failed checkpoints and
+#   restores, which needs prlimit)
 #
 # CTL: cuda-checkpoint-ctl (default: from PATH). WORK: scratch (default /tmp/driver-facts).
 set -uo pipefail
@@ -68,6 +70,78 @@ print("released", tid, flush=True)
 PY
 	HOLDER=$!
 }
+
+# Part 3: what the driver leaves after a checkpoint or a restore that fails, the rollback the
+# plugin then makes (its guardian reads the state and restores and/or unlocks), and whether the
+# data survives. Not measured before: the simulation's error faults are taken either before any
+# change (ERROR) or after it (ERROR@after), and `failed` loses the state; which one the driver
+# does is what this prints (docs/driver-facts.md, "Not measured").
+if [ "${PART:-1}" = 3 ]; then
+say "commit: $(git -C "$here" describe --always --dirty 2>/dev/null || echo unknown)"
+vm_kib() { awk '/^VmSize:/ { print $2 }' "/proc/$1/status"; }
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+gpu_mib() { nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', ' -v p="$1" '$1 == p { print $2 }'; }
+# fail_checkpoint NAME: a locked 4 GiB process whose checkpoint cannot get the host memory it
+# moves the device data into (its address space limited to what it has plus 512 MiB; F17: the
+# data goes into one new private mapping of the process); the limit is lifted afterwards.
+fail_checkpoint() {
+	start_app "$1" 4
+	ctl --action lock --pid "$PID"
+	local limit=$((($(vm_kib "$PID") + 524288) * 1024))
+	prlimit --pid "$PID" --as="$limit:$limit"
+	say "$1 before: VmSize=$(vm_kib "$PID") kB RSS=$(rss_kib "$PID") kB GPU=$(gpu_mib "$PID") MiB"
+	local s
+	s=$(date +%s.%N)
+	ctl --action checkpoint --pid "$PID"
+	say "$1 checkpoint returned after $(since "$s") s; state=$(state "$PID")"
+	say "$1 after: VmSize=$(vm_kib "$PID") kB RSS=$(rss_kib "$PID") kB GPU=$(gpu_mib "$PID") MiB"
+	prlimit --pid "$PID" --as=unlimited:unlimited
+}
+
+say "== E13: a checkpoint that fails for want of host memory, then unlock (the plugin's rollback of a locked process)"
+fail_checkpoint e13
+ctl --action unlock --pid "$PID"
+say "E13 after unlock: state=$(state "$PID")"
+verify e13 "$PID"
+say "E13 a full cycle afterwards, with memory"
+ctl --action lock --pid "$PID"
+ctl --action checkpoint --pid "$PID"
+ctl --action restore --pid "$PID"
+ctl --action unlock --pid "$PID"
+verify e13 "$PID"
+kill -9 "$PID"
+
+say "== E14: the same failed checkpoint, then restore before unlock (the rollback of a process the driver says is checkpointed)"
+fail_checkpoint e14
+ctl --action restore --pid "$PID"
+say "E14 after restore: state=$(state "$PID")"
+ctl --action unlock --pid "$PID"
+say "E14 after unlock: state=$(state "$PID")"
+verify e14 "$PID"
+kill -9 "$PID"
+
+say "== E15: a restore that fails for want of GPU memory (F10, reported only), then again with room"
+start_app e15 4
+ctl --action lock --pid "$PID"
+ctl --action checkpoint --pid "$PID"
+VICTIM=$PID
+free_gib=$(($(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1) / 1024 - 1))
+start_app e15-hog "$free_gib"
+HOG=$PID
+say "E15 hog holds $free_gib GiB; free now $(nvidia-smi --query-gpu=memory.free --format=csv,noheader | head -1)"
+ctl --action restore --pid "$VICTIM"
+say "E15 after the failed restore: state=$(state "$VICTIM") GPU=$(gpu_mib "$VICTIM") MiB"
+kill -9 "$HOG"
+sleep 2
+ctl --action restore --pid "$VICTIM"
+say "E15 after the second restore: state=$(state "$VICTIM")"
+ctl --action unlock --pid "$VICTIM"
+say "E15 after unlock: state=$(state "$VICTIM")"
+verify e15 "$VICTIM"
+kill -9 "$VICTIM"
+say "== done"
+exit 0
+fi
 
 if [ "${PART:-1}" = 2 ]; then
 say "== E9: the caller of a checkpoint is killed while the checkpoint runs"

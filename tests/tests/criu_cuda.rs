@@ -284,6 +284,81 @@ fn a_checkpoint_error_fails_the_dump_and_the_process_keeps_its_data() {
     kid.assert_healthy();
 }
 
+/// The driver's failed checkpoint after it changed the state (what the real driver does after a
+/// failed checkpoint was never measured, docs/driver-facts.md): the rollback reads the state and
+/// restores and unlocks the one that was checkpointed, with its data.
+#[test]
+fn a_checkpoint_that_fails_after_checkpointing_is_rolled_back_with_the_data() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let root = sim.app("app", &["--children", "1", "--mib", "8"]);
+    let kid = App {
+        pid: 0,
+        log: root.log.with_extension("log.gpu0"),
+    };
+    assert!(wait_until(Duration::from_secs(20), || kid.steps() > 0));
+    let images = sim.dir.join("img");
+    let kid_pid = first_child(root.pid);
+    let fault = format!("checkpoint/{kid_pid}=OUT_OF_MEMORY@after");
+    let log = failed_dump(&sim, &c, root.pid, &images, &[("CUDA_SIM_FAULT", &fault)]);
+    let back =
+        format!("process {kid_pid} (cuda-sim-app) returned to its state before the dump (running)");
+    assert!(
+        log.contains("checkpoint of CUDA state failed") && log.contains(&back),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    assert_eq!(
+        (sim.state(root.pid), sim.state(kid_pid)),
+        ("running".into(), "running".into())
+    );
+    assert!(root.advances(3) && kid.advances(3));
+    root.assert_healthy();
+    kid.assert_healthy();
+}
+
+/// A checkpoint that loses the GPU state (the driver's `failed` state; the simulation then
+/// discards the device data and blocks the process's CUDA calls, never kinder than a driver that
+/// gives up): the dump fails, the others are rolled back, and the lost one is named with what
+/// to do, without a wait that never ends.
+#[test]
+fn a_checkpoint_that_loses_the_gpu_state_fails_the_dump_naming_the_process() {
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let root = sim.app("app", &["--children", "1", "--mib", "8"]);
+    let kid = App {
+        pid: 0,
+        log: root.log.with_extension("log.gpu0"),
+    };
+    assert!(wait_until(Duration::from_secs(20), || kid.steps() > 0));
+    let images = sim.dir.join("img");
+    let kid_pid = first_child(root.pid);
+    let fault = format!("checkpoint/{kid_pid}=failed");
+    let start = std::time::Instant::now();
+    let log = failed_dump(&sim, &c, root.pid, &images, &[("CUDA_SIM_FAULT", &fault)]);
+    assert!(start.elapsed() < Duration::from_secs(60), "bounded");
+    let lost = format!(
+        "the GPU state of process {kid_pid} (cuda-sim-app) is lost: the driver reports it \
+         failed, and nothing can return it to its state before the dump; restart it"
+    );
+    assert!(log.contains(&lost), "{}", criu::tail(&log, 20));
+    assert_eq!(sim.state(root.pid), "running");
+    assert_eq!(sim.state(kid_pid), "failed");
+    assert!(root.advances(3));
+    root.assert_healthy();
+}
+
+/// The first child of `pid` (the test application's GPU child).
+fn first_child(pid: i32) -> i32 {
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    let mut kids = String::new();
+    assert!(wait_until(Duration::from_secs(10), || {
+        kids = std::fs::read_to_string(&path).unwrap_or_default();
+        !kids.trim().is_empty()
+    }));
+    kids.split_whitespace().next().unwrap().parse().unwrap()
+}
+
 #[test]
 fn criu_failing_after_the_checkpoint_puts_the_gpu_state_back() {
     let mut sim = Sim::start();

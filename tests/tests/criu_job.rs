@@ -152,15 +152,18 @@ fn a_failed_dump_leaves_every_rank_running_with_its_data() {
     let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
     let images = dir_of(&sim, "img");
     let rank1 = job.pids[job.pids.len() - 1].to_string();
-    let fault = format!("checkpoint/{rank1}=UNKNOWN");
-    let out = job.dump(&sim, &c, &images, &[("CUDA_SIM_FAULT", &fault)]);
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{t}");
-    assert!(
-        t.contains("criu dump failed") && t.contains("left running"),
-        "{t}"
-    );
-    job.advances(5);
+    // Failing before the checkpoint changed anything, and after (the rank is then checkpointed).
+    for spec in ["UNKNOWN", "UNKNOWN@after"] {
+        let fault = format!("checkpoint/{rank1}={spec}");
+        let out = job.dump(&sim, &c, &images, &[("CUDA_SIM_FAULT", &fault)]);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{spec}: {t}");
+        assert!(
+            t.contains("criu dump failed") && t.contains("left running"),
+            "{spec}: {t}"
+        );
+        job.advances(5);
+    }
 }
 
 #[test]

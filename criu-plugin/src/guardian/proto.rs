@@ -215,7 +215,22 @@ impl DriverFailure {
 pub struct Outcome {
     pub pid: i32,
     pub comm: String,
-    pub result: Result<Returned, String>,
+    pub result: Result<Returned, NotReturned>,
+}
+
+/// Why a process could not be returned to its state before the dump.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NotReturned {
+    /// The driver reports its GPU state failed: nothing brings it back.
+    Lost,
+    /// The driver's or the machine's words; `cuda-checkpoint-ctl --recover` may finish the job.
+    Other(String),
+}
+
+impl From<String> for NotReturned {
+    fn from(e: String) -> NotReturned {
+        NotReturned::Other(e)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,7 +10,7 @@ use super::{Agent, Phase, MAX_ALONE};
 /// How long the tasks of a successful dump may take to start dying once CRIU is gone, before
 /// the guardian takes them for resumed (a failed post-dump script).
 const COMMIT_GRACE: Duration = Duration::from_secs(2);
-use crate::guardian::proto::{Level, Outcome, Returned};
+use crate::guardian::proto::{Level, NotReturned, Outcome, Returned};
 
 impl Agent {
     /// CRIU ended before the plugin had settled everything.
@@ -210,7 +210,11 @@ impl Outcome {
             }
             Ok(Returned::Gone) => format!("process {pid} ({comm}) has exited; nothing to return"),
             Ok(Returned::Untouched) => format!("process {pid} ({comm}) was not changed"),
-            Err(e) => format!(
+            Err(NotReturned::Lost) => format!(
+                "the GPU state of process {pid} ({comm}) is lost: the driver reports it failed, \
+                 and nothing can return it to its state before the dump; restart it"
+            ),
+            Err(NotReturned::Other(e)) => format!(
                 "process {pid} ({comm}) could not be returned to its state before the dump: {e}; \
                  when it can run, try `cuda-checkpoint-ctl --recover --pid {pid}`"
             ),

@@ -8,7 +8,9 @@ use std::time::Duration;
 use cuda_checkpoint_ctl::driver::{code, CudaError, DeviceMap, ProcessState};
 
 use super::{Machine, Outbox};
-use crate::guardian::proto::{Act, Answer, DriverFailure, Op, Outcome, Report, Returned};
+use crate::guardian::proto::{
+    Act, Answer, DriverFailure, NotReturned, Op, Outcome, Report, Returned,
+};
 
 pub(super) enum Job {
     Act { seq: u64, act: Act },
@@ -130,7 +132,7 @@ impl Worker {
     }
 
     /// Drives the process from the state the driver reports back to its state before the dump.
-    fn roll_back(&self) -> Result<Returned, String> {
+    fn roll_back(&self) -> Result<Returned, NotReturned> {
         let pid = self.pid;
         let Some(initial) = self.initial else {
             // Its state was never asked: nothing was done to it.
@@ -145,16 +147,11 @@ impl Worker {
             let now = match driver.state(pid) {
                 Ok(s) => s,
                 Err(e) if e.code == code::OPERATING_SYSTEM => return Ok(Returned::Gone),
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e.to_string().into()),
             };
             let step = match (initial, now) {
                 (want, now) if want == now => return Ok(Returned::To(now)),
-                (_, ProcessState::Failed) => {
-                    return Err(format!(
-                        "the GPU state of process {pid} ({}) is lost: the driver reports it failed",
-                        self.comm
-                    ))
-                }
+                (_, ProcessState::Failed) => return Err(NotReturned::Lost),
                 (ProcessState::Running | ProcessState::Locked, ProcessState::Checkpointed) => {
                     driver.restore(pid, &DeviceMap::default())
                 }
@@ -164,18 +161,20 @@ impl Worker {
                         "process {pid} ({}) is {now}, it was {want} before the dump, and the \
                          plugin never moves a process that way: someone else acted on it",
                         self.comm
-                    ))
+                    )
+                    .into())
                 }
             };
             match step {
                 Ok(()) => continue,
                 Err(e) if e.code == code::ILLEGAL_STATE => continue,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e.to_string().into()),
             }
         }
         Err(format!(
             "process {pid} ({}) kept changing state while it was being returned",
             self.comm
-        ))
+        )
+        .into())
     }
 }
