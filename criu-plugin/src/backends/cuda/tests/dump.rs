@@ -414,11 +414,8 @@ fn nccl_ranks_whose_transports_cannot_be_restored_are_refused_before_any_lock() 
 
 /// The refusal a hook answered with, if it is the rule set's.
 fn refusal_of(r: &HookResult) -> Option<&Refusal> {
-    let Err(HookError::Gpu(e)) = r else {
-        return None;
-    };
-    match e.downcast_ref::<DumpError>() {
-        Some(DumpError::Refused(refusal)) => Some(refusal),
+    match r.as_ref().err()?.gpu_error::<DumpError>()? {
+        DumpError::Refused(refusal) => Some(refusal),
         _ => None,
     }
 }
