@@ -87,7 +87,7 @@ pub enum Error {
     GpuStateLost { pid: i32, comm: String },
     #[error(
         "the driver can no longer restore process {pid} ({comm}): {source}; a restore that ran \
-         out of GPU memory leaves a process so (NVIDIA/cuda-checkpoint#44): restart it"
+         out of GPU memory leaves a process so (measured on r580): restart it"
     )]
     Unrestorable {
         pid: i32,

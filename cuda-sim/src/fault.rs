@@ -7,7 +7,7 @@
 //!
 //! | SPEC | effect |
 //! |---|---|
-//! | `ERROR` | answer ERROR (a name such as `OUT_OF_MEMORY`, or a number) before changing anything |
+//! | `ERROR` | answer ERROR (a name such as `OUT_OF_MEMORY`, or a number) before changing anything; a checkpoint so failed leaves the process uncheckpointable (F19) |
 //! | `ERROR@after` | do the action (the state changes), then answer ERROR |
 //! | `failed` | the GPU state is lost: state `failed`, device data discarded, `CUDA_ERROR_UNKNOWN`; later actions answer `CUDA_ERROR_ILLEGAL_STATE`, CUDA calls of the process block |
 //! | `hang` | the helper thread takes the request and never finishes it (a hung GPU); only the process's death ends the call |

@@ -61,6 +61,8 @@ pub struct Runtime {
     checkpoint_gpus: Mutex<Vec<[u8; 16]>>,
     /// Set when a restore failed for lack of GPU memory: no restore works after that (F10).
     unrestorable: AtomicBool,
+    /// Set when a checkpoint failed: the driver answers every later one UNKNOWN (F19).
+    uncheckpointable: AtomicBool,
     ctl: ControlPage,
     /// Kept open so a controller finds the page in /proc/PID/fd; the helper's own description
     /// of it, through which it sees the controllers' locks.
@@ -153,6 +155,7 @@ impl Runtime {
             next_va: AtomicU64::new(VA_BASE),
             checkpoint_gpus: Mutex::new(Vec::new()),
             unrestorable: AtomicBool::new(false),
+            uncheckpointable: AtomicBool::new(false),
             ctl,
             ctl_fd: fd,
         })

