@@ -264,12 +264,7 @@ fn a_lock_timeout_fails_the_dump_and_the_process_keeps_running() {
 fn a_checkpoint_error_fails_the_dump_and_the_process_keeps_its_data() {
     let mut sim = Sim::start();
     let c = Criu::new(&sim);
-    let root = sim.app("app", &["--children", "1", "--mib", "8"]);
-    let kid = App {
-        pid: 0,
-        log: root.log.with_extension("log.gpu0"),
-    };
-    assert!(wait_until(Duration::from_secs(20), || kid.steps() > 0));
+    let (root, kid) = app_with_gpu_child(&mut sim, "app", 8);
     let images = sim.dir.join("img");
     let fault = [("CUDA_SIM_FAULT", "checkpoint=OUT_OF_MEMORY")];
     let log = failed_dump(&sim, &c, root.pid, &images, &fault);
@@ -291,12 +286,7 @@ fn a_checkpoint_error_fails_the_dump_and_the_process_keeps_its_data() {
 fn a_checkpoint_that_fails_after_checkpointing_is_rolled_back_with_the_data() {
     let mut sim = Sim::start();
     let c = Criu::new(&sim);
-    let root = sim.app("app", &["--children", "1", "--mib", "8"]);
-    let kid = App {
-        pid: 0,
-        log: root.log.with_extension("log.gpu0"),
-    };
-    assert!(wait_until(Duration::from_secs(20), || kid.steps() > 0));
+    let (root, kid) = app_with_gpu_child(&mut sim, "app", 8);
     let images = sim.dir.join("img");
     let kid_pid = first_child(root.pid);
     let fault = format!("checkpoint/{kid_pid}=OUT_OF_MEMORY@after");
@@ -325,12 +315,7 @@ fn a_checkpoint_that_fails_after_checkpointing_is_rolled_back_with_the_data() {
 fn a_checkpoint_that_loses_the_gpu_state_fails_the_dump_naming_the_process() {
     let mut sim = Sim::start();
     let c = Criu::new(&sim);
-    let root = sim.app("app", &["--children", "1", "--mib", "8"]);
-    let kid = App {
-        pid: 0,
-        log: root.log.with_extension("log.gpu0"),
-    };
-    assert!(wait_until(Duration::from_secs(20), || kid.steps() > 0));
+    let (root, _kid) = app_with_gpu_child(&mut sim, "app", 8);
     let images = sim.dir.join("img");
     let kid_pid = first_child(root.pid);
     let fault = format!("checkpoint/{kid_pid}=failed");
@@ -346,6 +331,18 @@ fn a_checkpoint_that_loses_the_gpu_state_fails_the_dump_naming_the_process() {
     assert_eq!(sim.state(kid_pid), "failed");
     assert!(root.advances(3));
     root.assert_healthy();
+}
+
+/// The test application with one GPU child of `mib` MiB, once the child has stepped; the child's
+/// `App` reads its log only (pid 0).
+fn app_with_gpu_child(sim: &mut Sim, name: &str, mib: u32) -> (App, App) {
+    let root = sim.app(name, &["--children", "1", "--mib", &mib.to_string()]);
+    let kid = App {
+        pid: 0,
+        log: root.log.with_extension("log.gpu0"),
+    };
+    assert!(wait_until(Duration::from_secs(20), || kid.steps() > 0));
+    (root, kid)
 }
 
 /// The first child of `pid` (the test application's GPU child).
@@ -655,12 +652,7 @@ fn the_plugin_dumps_and_restores_with_stock_criu() {
         .output()
         .unwrap();
     assert!(stdout(&out).contains("Version: 4.2.1"), "{}", stdout(&out));
-    let app = sim.app("stock", &["--children", "1", "--mib", "32"]);
-    let kid = App {
-        pid: 0,
-        log: app.log.with_extension("log.gpu0"),
-    };
-    assert!(wait_until(Duration::from_secs(20), || kid.steps() >= 1));
+    let (app, kid) = app_with_gpu_child(&mut sim, "stock", 32);
     let images = sim.dir.join("img");
     dump_kill_restore(&mut sim, &c, &app, &images);
     let log = criu::log(&images, "restore.log");
