@@ -5,8 +5,7 @@
 use std::fs::OpenOptions;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::Lock;
@@ -50,23 +49,9 @@ impl Store {
         let files = lay_out(&manifest, dest)?;
         let refs: Vec<(usize, ChunkRef<'_>)> = refs_by_file(&manifest);
         let stored = AtomicU64::new(0);
-        let next = AtomicUsize::new(0);
-        let failed = Mutex::new(None);
-        std::thread::scope(|s| {
-            for _ in 0..opts.threads.max(1) {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((file, r)) = refs.get(i) else { return };
-                    if let Err(e) = self.fetch_one(r, &files[*file], &stored) {
-                        failed.lock().expect("the error slot").get_or_insert(e);
-                        next.store(refs.len(), Ordering::Relaxed);
-                    }
-                });
-            }
-        });
-        if let Some(e) = failed.into_inner().expect("the error slot") {
-            return Err(e);
-        }
+        crate::in_parallel(&refs, opts.threads, |_, (file, r)| {
+            self.fetch_one(r, &files[*file], &stored)
+        })?;
         set_modes(&manifest, dest)?;
         Ok(GetReport {
             name: name.to_owned(),

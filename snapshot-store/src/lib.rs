@@ -201,6 +201,34 @@ pub fn default_threads() -> usize {
         .clamp(4, 32)
 }
 
+/// Runs `work` on every item of `items` by `threads` threads at once, each taking the next item
+/// left; the first error stops the others from taking more, and is returned.
+fn in_parallel<T: Sync>(
+    items: &[T],
+    threads: usize,
+    work: impl Fn(usize, &T) -> error::Result<()> + Sync,
+) -> error::Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { return };
+                if let Err(e) = work(i, item) {
+                    failed.lock().expect("the error slot").get_or_insert(e);
+                    next.store(items.len(), Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    match failed.into_inner().expect("the error slot") {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

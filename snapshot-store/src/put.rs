@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -135,26 +135,11 @@ impl Store {
             .collect();
         let ids: Vec<Mutex<Option<ChunkId>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
         let seen = Mutex::new(HashSet::new());
-        let next = AtomicUsize::new(0);
-        let failed = Mutex::new(None);
-        std::thread::scope(|s| {
-            for _ in 0..opts.threads.max(1) {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(job) = jobs.get(i) else { return };
-                    match self.store_one(&sources[job.file], job, opts, &seen, tally) {
-                        Ok(id) => *ids[i].lock().expect("an id slot") = Some(id),
-                        Err(e) => {
-                            failed.lock().expect("the error slot").get_or_insert(e);
-                            next.store(jobs.len(), Ordering::Relaxed);
-                        }
-                    }
-                });
-            }
-        });
-        if let Some(e) = failed.into_inner().expect("the error slot") {
-            return Err(e);
-        }
+        crate::in_parallel(&jobs, opts.threads, |i, job| {
+            let id = self.store_one(&sources[job.file], job, opts, &seen, tally)?;
+            *ids[i].lock().expect("an id slot") = Some(id);
+            Ok(())
+        })?;
         let mut out: Vec<Vec<ChunkId>> = sources.iter().map(|_| Vec::new()).collect();
         for (job, id) in jobs.iter().zip(ids) {
             out[job.file].push(
