@@ -14,6 +14,7 @@
 )]
 
 pub mod amd;
+pub mod cluster;
 pub mod criu_image;
 pub mod cuda;
 pub mod digest;

@@ -87,6 +87,10 @@ pub const KEYS: &[(&str, &str)] = &[
         "KFD_NUMA_CHECK",
         "restore of ROCm processes: 0 lets GPUs that shared a NUMA node at the dump be placed on different ones",
     ),
+    (
+        "CRIU_GPU_CLUSTER",
+        "a job across machines (set by criu-gpu dump --nnodes): the unix socket of this node's criu-gpu, which decides every lock round with the other nodes",
+    ),
     ("CRIU_GPU_CONFIG", "the settings file"),
 ];
 

@@ -179,7 +179,7 @@ fn blame(outcomes: &mut [Outcome], e: RoundsError<String, std::convert::Infallib
         group,
     };
     match e {
-        RoundsError::GaveUp { report, last } | RoundsError::Failed { report, last } => {
+        RoundsError::GaveUp { report, last, .. } | RoundsError::Failed { report, last } => {
             let errors: Vec<(i32, Error)> = last
                 .into_iter()
                 .filter_map(|(pid, a)| {
@@ -207,11 +207,10 @@ fn blame(outcomes: &mut [Outcome], e: RoundsError<String, std::convert::Infallib
                 }
             }
         }
-        RoundsError::NoTime { left } => {
+        RoundsError::NoTime { why } => {
             for o in outcomes.iter_mut() {
                 o.error = Some(Error::Io(std::io::Error::other(format!(
-                    "no time left for a round of locks ({} ms): raise --timeout",
-                    left.as_millis()
+                    "{why}: raise --timeout"
                 ))));
             }
         }

@@ -11,9 +11,21 @@
 //! rounds of 500 ms locked both ranks of a job training flat out in 15 of 15 trials, after 1 to
 //! 7 rounds (F18).
 //!
-//! The rounds never outlast the caller's deadline (CRIU's seize time): the last round takes what
-//! is left. A round's limit grows by half each time, and doubles when no process locked at all
-//! (work longer than the limit, not a deadlock).
+//! A round in which some processes locked and others gave up caught the ranks at different
+//! points of their collectives (rank skew): the locked ones hold the others' kernels, and no
+//! longer limit helps. So after such a round the limit goes back to the first one, and the
+//! rounds go on, short and at random offsets, until one catches every rank between the same
+//! collectives. Only a round in which nothing locked means long GPU work: then the limit doubles.
+//! If skew persists through half the time, the limit grows again (work that is long on one rank
+//! alone, while the others wait idle, looks like skew). Measured on two H200s, a spawned job
+//! training flat out failed 1 dump of 8 with the old schedule (limits growing by half after each
+//! skewed round, the last round taking what was left): 8 rounds of 0.25 to 4.3 s and a last one
+//! of 15.9 s, all skewed.
+//!
+//! The rounds never outlast the caller's deadline (CRIU's seize time). Their schedule
+//! ([`Policy`]) depends only on the rounds' outcomes and the time left, so nodes that share the
+//! outcomes (a job across machines, `criu-gpu dump --nnodes`) take the same decisions
+//! ([`Schedule`], [`lock_in_rounds_with`]).
 
 use std::time::{Duration, Instant};
 
@@ -99,6 +111,8 @@ pub enum RoundsError<F, E> {
     GaveUp {
         report: Report,
         last: Vec<(i32, Attempt<F>)>,
+        /// The schedule's reason (no time left; for a job across machines, another node's).
+        why: String,
     },
     /// A lock failed otherwise: the rounds stopped, and the processes that locked in that round
     /// are still locked.
@@ -111,9 +125,9 @@ pub enum RoundsError<F, E> {
         report: Report,
         failures: Vec<(i32, F)>,
     },
-    /// Less time left than a round needs.
+    /// No round could start: less time left than a round needs, or the schedule said why.
     NoTime {
-        left: Duration,
+        why: String,
     },
     Locker(E),
 }
@@ -151,83 +165,296 @@ impl Default for Jitter {
     }
 }
 
-/// The limit of the next round after one of `limit` in which `locked` processes locked.
-fn next_limit(limit: Duration, locked: usize) -> Duration {
-    if locked == 0 {
-        limit * 2
-    } else {
-        limit * 3 / 2
+/// What one round did, as the schedule sees it (for a job across machines: all nodes' rounds
+/// added up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Its limit.
+    pub limit: Duration,
+    /// How many processes locked, of how many.
+    pub locked: usize,
+    pub of: usize,
+    /// A lock failed otherwise than by giving up (the rounds stop).
+    pub failed: bool,
+}
+
+impl Outcome {
+    pub fn all_locked(&self) -> bool {
+        self.locked == self.of && !self.failed
     }
 }
 
-/// Locks every process of `pids` in rounds (see the module's text).
+/// What the schedule wants next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// (After unlocking what the last round locked:) pause, then a round of this limit.
+    Lock { pause: Duration, limit: Duration },
+    /// Every process is locked: done.
+    Done,
+    /// Give up: the reason, in the operator's words (no time left, another node failed).
+    Stop(String),
+}
+
+/// The rounds' schedule: when to lock, with what limit, and when to give up.
+pub trait Schedule {
+    type Error;
+    /// The first round (`last` is `None`), or what follows a round with outcome `last`.
+    fn next(&mut self, last: Option<&Outcome>) -> Result<Next, Self::Error>;
+}
+
+/// The policy of the module's text, as a function of the outcomes and the time left: the same
+/// inputs give the same decisions on every node.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The time there was when the rounds began.
+    budget: Duration,
+    /// The time the rounds have used (limits and pauses).
+    used: Duration,
+    /// The limit a round of long work gets next.
+    want: Duration,
+}
+
+impl Policy {
+    pub fn new(budget: Duration) -> Policy {
+        Policy {
+            budget,
+            used: Duration::ZERO,
+            want: FIRST,
+        }
+    }
+
+    /// The first round, with `left` of the time.
+    pub fn first(&mut self, left: Duration) -> Next {
+        self.round(Duration::ZERO, left, true)
+    }
+
+    /// After a round with outcome `last`, with `left` of the time; `pause` is this round's
+    /// random pause (up to [`PAUSE`]).
+    pub fn after(&mut self, last: &Outcome, left: Duration, pause: Duration) -> Next {
+        if last.all_locked() {
+            return Next::Done;
+        }
+        self.used += last.limit + pause;
+        let skewed = last.locked > 0;
+        let long_work = !skewed || self.used * 2 > self.budget;
+        self.want = match (skewed, long_work) {
+            // Skew: short rounds at random offsets.
+            (true, false) => FIRST,
+            (false, _) => (last.limit * 2).max(FIRST),
+            (true, true) => (last.limit * 3 / 2).max(FIRST),
+        };
+        let left = left.saturating_sub(pause);
+        if left < SHORTEST {
+            return Next::Stop(format!(
+                "no time for another lock round ({} ms left)",
+                left.as_millis()
+            ));
+        }
+        match self.round(pause, left, !skewed || long_work) {
+            Next::Stop(_) if !skewed => Next::Stop(format!(
+                "no time for another lock round ({} ms left)",
+                left.as_millis()
+            )),
+            next => next,
+        }
+    }
+
+    /// The next round within `left`; when `grow_last`, a round with no room for another after it
+    /// takes what is left (long work may need it; skew never does).
+    fn round(&self, pause: Duration, left: Duration, grow_last: bool) -> Next {
+        let mut limit = self.want.min(left);
+        if grow_last && left.saturating_sub(limit) < limit * 3 / 2 + PAUSE {
+            limit = left;
+        }
+        if limit < SHORTEST {
+            return Next::Stop(format!(
+                "no time for a lock round ({} ms left)",
+                left.as_millis()
+            ));
+        }
+        Next::Lock { pause, limit }
+    }
+}
+
+/// One node's rounds: [`Policy`] against a deadline, with random pauses.
+pub struct Local<'a> {
+    policy: Policy,
+    deadline: Instant,
+    jitter: &'a mut Jitter,
+}
+
+impl<'a> Local<'a> {
+    pub fn new(deadline: Instant, jitter: &'a mut Jitter) -> Local<'a> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        Local {
+            policy: Policy::new(left),
+            deadline,
+            jitter,
+        }
+    }
+}
+
+impl Schedule for Local<'_> {
+    type Error = std::convert::Infallible;
+
+    fn next(&mut self, last: Option<&Outcome>) -> Result<Next, Self::Error> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        Ok(match last {
+            None => self.policy.first(left),
+            Some(o) => {
+                let pause = self.jitter.up_to(PAUSE);
+                self.policy.after(o, left, pause)
+            }
+        })
+    }
+}
+
+/// Locks every process of `pids` in rounds (see the module's text), on one node.
 pub fn lock_in_rounds<L: Locker>(
     locker: &mut L,
     pids: &[i32],
     deadline: Instant,
     jitter: &mut Jitter,
 ) -> Result<Report, RoundsError<L::Failure, L::Error>> {
+    let mut local = Local::new(deadline, jitter);
+    lock_in_rounds_with(locker, pids, &mut local).map_err(|e| match e {
+        Either::Rounds(e) => e,
+        Either::Schedule(never) => match never {},
+    })
+}
+
+/// An error of the rounds or of their schedule.
+#[derive(Debug)]
+pub enum Either<R, S> {
+    Rounds(R),
+    Schedule(S),
+}
+
+/// The error of [`lock_in_rounds_with`].
+pub type WithError<L, S> =
+    Either<RoundsError<<L as Locker>::Failure, <L as Locker>::Error>, <S as Schedule>::Error>;
+
+/// A round's outcome and each process's attempt, in the order of the pids.
+type Round<F> = (Outcome, Vec<(i32, Attempt<F>)>);
+/// The rounds' own error for locker `L`.
+type ErrorOf<L> = RoundsError<<L as Locker>::Failure, <L as Locker>::Error>;
+
+/// Locks every process of `pids` in rounds as `schedule` decides. On success every process is
+/// locked; on any error, those that locked in the last round are unlocked again, except after a
+/// lock that failed otherwise than by giving up ([`RoundsError::Failed`]).
+pub fn lock_in_rounds_with<L: Locker, S: Schedule>(
+    locker: &mut L,
+    pids: &[i32],
+    schedule: &mut S,
+) -> Result<Report, WithError<L, S>> {
     let start = Instant::now();
     let mut report = Report {
         rounds: 0,
         elapsed: Duration::ZERO,
         longest: Duration::ZERO,
     };
-    let mut want = FIRST;
+    let mut last: Option<Round<L::Failure>> = None;
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let mut limit = want.min(left);
-        // No room for a round after this one: this one takes what is left.
-        if left.saturating_sub(limit) < next_limit(limit, 1) + PAUSE {
-            limit = left;
-        }
-        if limit < SHORTEST {
-            return Err(RoundsError::NoTime { left });
-        }
-        report.rounds += 1;
-        report.longest = report.longest.max(limit);
-        let attempts = locker.lock_all(pids, limit).map_err(RoundsError::Locker)?;
+        let next = schedule.next(last.as_ref().map(|(o, _)| o));
         report.elapsed = start.elapsed();
-        let last: Vec<(i32, Attempt<L::Failure>)> = pids.iter().copied().zip(attempts).collect();
-        let locked: Vec<i32> = last
-            .iter()
-            .filter(|(_, a)| matches!(a, Attempt::Locked))
-            .map(|(p, _)| *p)
-            .collect();
-        if locked.len() == pids.len() {
-            return Ok(report);
-        }
-        if last.iter().any(|(_, a)| matches!(a, Attempt::Failed(_))) {
-            return Err(RoundsError::Failed { report, last });
-        }
-        let failures = locker.unlock_all(&locked).map_err(RoundsError::Locker)?;
-        if !failures.is_empty() {
-            return Err(RoundsError::Unlock { report, failures });
-        }
-        let waited: Vec<i32> = last
-            .iter()
-            .filter(|(_, a)| matches!(a, Attempt::GaveUp))
-            .map(|(p, _)| *p)
-            .collect();
-        let pause = jitter.up_to(PAUSE);
-        tracing::debug!(
-            "lock round {} ({} ms): {} of {} locked, the work of {:?} did not finish; unlocked, \
-             next round in {} ms",
-            report.rounds,
-            limit.as_millis(),
-            locked.len(),
-            pids.len(),
-            waited,
-            pause.as_millis()
-        );
-        let after = deadline.saturating_duration_since(Instant::now() + pause);
-        if after < SHORTEST {
-            report.elapsed = start.elapsed();
-            return Err(RoundsError::GaveUp { report, last });
+        let locked: Vec<i32> = last.as_ref().map_or(Vec::new(), |(_, a)| locked_of(a));
+        let (pause, limit) = match next {
+            Ok(Next::Done) if locked.len() == pids.len() => return Ok(report),
+            Ok(Next::Lock { pause, limit }) => (pause, limit),
+            other => {
+                unlock(locker, &locked, report).map_err(Either::Rounds)?;
+                return Err(stopped::<L, S>(
+                    other.map_err(Either::Schedule)?,
+                    report,
+                    last,
+                ));
+            }
+        };
+        unlock(locker, &locked, report).map_err(Either::Rounds)?;
+        if let Some((o, _)) = &last {
+            tracing::debug!(
+                "lock round {} ({} ms): {} of {} locked here; unlocked, next round of {} ms in \
+                 {} ms",
+                report.rounds,
+                o.limit.as_millis(),
+                o.locked,
+                o.of,
+                limit.as_millis(),
+                pause.as_millis()
+            );
         }
         std::thread::sleep(pause);
-        want = next_limit(limit, locked.len());
+        report.rounds += 1;
+        report.longest = report.longest.max(limit);
+        let round = lock_round(locker, pids, limit).map_err(Either::Rounds)?;
+        report.elapsed = start.elapsed();
+        if round.0.failed {
+            // Told to the schedule (other nodes stop too), then the rounds stop here.
+            let _ = schedule.next(Some(&round.0));
+            return Err(Either::Rounds(RoundsError::Failed {
+                report,
+                last: round.1,
+            }));
+        }
+        last = Some(round);
     }
+}
+
+/// One round: every process locked at once with `limit`.
+fn lock_round<L: Locker>(
+    locker: &mut L,
+    pids: &[i32],
+    limit: Duration,
+) -> Result<Round<L::Failure>, ErrorOf<L>> {
+    let attempts = locker.lock_all(pids, limit).map_err(RoundsError::Locker)?;
+    let attempts: Vec<(i32, Attempt<L::Failure>)> = pids.iter().copied().zip(attempts).collect();
+    let outcome = Outcome {
+        limit,
+        locked: locked_of(&attempts).len(),
+        of: pids.len(),
+        failed: attempts
+            .iter()
+            .any(|(_, a)| matches!(a, Attempt::Failed(_))),
+    };
+    Ok((outcome, attempts))
+}
+
+/// Unlocks what a round locked.
+fn unlock<L: Locker>(locker: &mut L, locked: &[i32], report: Report) -> Result<(), ErrorOf<L>> {
+    if locked.is_empty() {
+        return Ok(());
+    }
+    let failures = locker.unlock_all(locked).map_err(RoundsError::Locker)?;
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(RoundsError::Unlock { report, failures })
+    }
+}
+
+/// The error when the schedule stopped the rounds (`next` is neither a round nor done with
+/// everything locked).
+fn stopped<L: Locker, S: Schedule>(
+    next: Next,
+    report: Report,
+    last: Option<Round<L::Failure>>,
+) -> WithError<L, S> {
+    let why = match next {
+        Next::Stop(why) => why,
+        _ => "the schedule ended the rounds before every process locked".into(),
+    };
+    Either::Rounds(match last {
+        Some((_, last)) => RoundsError::GaveUp { report, last, why },
+        None => RoundsError::NoTime { why },
+    })
+}
+
+fn locked_of<F>(attempts: &[(i32, Attempt<F>)]) -> Vec<i32> {
+    attempts
+        .iter()
+        .filter(|(_, a)| matches!(a, Attempt::Locked))
+        .map(|(p, _)| *p)
+        .collect()
 }
 
 #[cfg(test)]

@@ -126,6 +126,13 @@ pub enum DumpError {
          criu --timeout; nothing was locked"
     )]
     NoTime { left: Duration },
+    /// The lock rounds of a job across machines stopped (another node failed, etcd was lost,
+    /// no time for a round).
+    #[error(
+        "the lock rounds of the job across machines stopped: {0}; every process of this node was \
+         unlocked and keeps running"
+    )]
+    Cluster(String),
     #[error("{}", locks(.failures, .rounds))]
     Locks {
         failures: Vec<(Who, LockFailure)>,

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
 use cuda_checkpoint_ctl::ops::rounds::{
-    self, Attempt, Jitter, Locker, Report, Rounds, RoundsError,
+    self, Attempt, Either, Jitter, Locker, Report, Rounds, RoundsError,
 };
 
+use super::cluster::Cluster;
 use super::{Ctx, Proc};
 use crate::backends::cuda::error::{DumpError, LockFailure, Who};
 use crate::core::stats;
@@ -111,9 +112,16 @@ impl Ctx {
             })?
             .unwrap_or(Rounds::Auto);
         let ranks = running.iter().filter(|p| p.nccl).count();
+        let cluster = self
+            .settings
+            .parsed(criu_gpu_image::cluster::SETTING, |v| {
+                Ok::<_, &str>(std::path::PathBuf::from(v))
+            })?;
         let mut locker = ByGuardian { g, hard };
         let start = Instant::now();
-        if parallel && rounds.wanted(running.len(), ranks) {
+        if let Some(socket) = cluster {
+            lock_with_nodes(&mut locker, &running, &socket, start + wait)?;
+        } else if parallel && rounds.wanted(running.len(), ranks) {
             let report = rounds::lock_in_rounds(
                 &mut locker,
                 &pids(&running),
@@ -171,6 +179,33 @@ impl Ctx {
             want => want.unwrap_or(left),
         })
     }
+}
+
+/// A job across machines: ranks on other nodes wait for these, so rounds whatever the count,
+/// each decided with the other nodes by this node's criu-gpu.
+fn lock_with_nodes(
+    locker: &mut ByGuardian,
+    running: &[&Proc],
+    socket: &std::path::Path,
+    deadline: Instant,
+) -> Result<(), HookError> {
+    let mut schedule =
+        Cluster::connect(socket, deadline).map_err(|e| HookError::gpu(DumpError::Cluster(e)))?;
+    let report = rounds::lock_in_rounds_with(locker, &pids(running), &mut schedule).map_err(
+        |e| match e {
+            Either::Rounds(e) => rounds_failed(running, e),
+            Either::Schedule(e) => HookError::gpu(DumpError::Cluster(e)),
+        },
+    )?;
+    tracing::info!(
+        "locked {} CUDA processes at once, with the job's other nodes, after {} round(s) in \
+         {:.1} s (the last waiting up to {} ms)",
+        running.len(),
+        report.rounds,
+        report.elapsed.as_secs_f64(),
+        report.longest.as_millis()
+    );
+    Ok(())
 }
 
 fn pids(procs: &[&Proc]) -> Vec<i32> {
@@ -238,10 +273,16 @@ fn rounds_failed(running: &[&Proc], e: RoundsError<LockFailure, HookError>) -> H
     };
     let (failures, report) = match e {
         RoundsError::Locker(e) => return e,
-        RoundsError::NoTime { left } => return HookError::gpu(DumpError::NoTime { left }),
-        RoundsError::GaveUp { report, last } | RoundsError::Failed { report, last } => {
-            (failures(&report, last), report)
+        RoundsError::NoTime { why } => return HookError::gpu(DumpError::Cluster(why)),
+        RoundsError::GaveUp { report, last, why } => {
+            let failures: Vec<(Who, LockFailure)> = failures(&report, last);
+            if failures.is_empty() {
+                // Every process here locked: another node's did not.
+                return HookError::gpu(DumpError::Cluster(why));
+            }
+            (failures, report)
         }
+        RoundsError::Failed { report, last } => (failures(&report, last), report),
         RoundsError::Unlock { report, failures } => (
             failures
                 .into_iter()

@@ -9,6 +9,7 @@
 //! driver call goes through the guardian, which does that too if CRIU dies first.
 
 mod checkpoint;
+mod cluster;
 mod finish;
 mod lock;
 mod pause;
