@@ -154,6 +154,26 @@ pub struct JobArgs {
     /// More CRIU options, passed as they are (after `--`).
     #[arg(last = true)]
     pub extra: Vec<String>,
+    #[command(flatten)]
+    pub across: AcrossArgs,
+}
+
+/// A job across machines, as torchrun names it: run the same command on every node.
+#[derive(Debug, Args)]
+pub struct AcrossArgs {
+    /// The job runs on this many nodes: this node's part is dumped or restored together with
+    /// the others' (needs --rdzv).
+    #[arg(long, requires = "rdzv")]
+    pub nnodes: Option<u32>,
+    /// This node's rank, 0 to NNODES-1 (a restore takes it from its part).
+    #[arg(long, requires = "nnodes")]
+    pub node_rank: Option<u32>,
+    /// Where the nodes meet: etcd://HOST:PORT[,HOST:PORT...]/JOB (etcd v3; JOB names the job).
+    #[arg(long, requires = "nnodes")]
+    pub rdzv: Option<String>,
+    /// Seconds a node waits for the others to join, and at each barrier.
+    #[arg(long, default_value_t = 120)]
+    pub rdzv_timeout: u64,
 }
 
 /// Where `dump` and `restore` meet a snapshot store.

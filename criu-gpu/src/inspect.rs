@@ -114,6 +114,8 @@ pub struct Report {
     pub annotations: BTreeMap<String, String>,
     pub gpu: Inspection,
     pub this_node: Verdict,
+    /// A node's part of a job across machines (`criu-gpu dump --nnodes`).
+    pub job_part: Option<crate::job::cluster::part::Part>,
 }
 
 pub fn report(path: &Path, c: &Checkpoint) -> Report {
@@ -137,6 +139,9 @@ pub fn report(path: &Path, c: &Checkpoint) -> Report {
         annotations: c.annotations.clone(),
         gpu: criu_gpu_image::inspect::inspect(&c.images),
         this_node: verdict(c),
+        job_part: crate::job::cluster::part::Part::read(&c.images)
+            .ok()
+            .flatten(),
     }
 }
 
@@ -207,6 +212,10 @@ pub fn print_report(r: &Report) {
     );
     if let Some(c) = &r.container {
         print_container(c);
+    }
+    if let Some(p) = &r.job_part {
+        row("job part", p.name());
+        row("other nodes", p.others().join(", "));
     }
     print_images(r);
     match &r.gpu.cuda {

@@ -20,8 +20,11 @@ fn main() -> ExitCode {
     // the environment.
     if args.len() == 1 {
         if let Ok(action) = std::env::var("CRTOOLS_SCRIPT_ACTION") {
-            job::action_script(&action);
-            return ExitCode::SUCCESS;
+            return if job::action_script(&action) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
         }
     }
     // Installed as criu-gpu-check too: the old name of `criu-gpu check`.
@@ -78,10 +81,13 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             compress,
             leave_running,
         } => {
-            let r = job_request(dir.unwrap_or_default(), common, verbose);
+            let (r, across) = job_request(dir.unwrap_or_default(), common, verbose)?;
             match store_request(store, compress) {
-                Some(s) => stored(snapshots::dump(pid, leave_running, &r, &s)?, json),
-                None => dump_command(pid, leave_running, &r, json),
+                Some(s) => {
+                    no_store_across(&across)?;
+                    stored(snapshots::dump(pid, leave_running, &r, &s)?, json)
+                }
+                None => dump_command(pid, leave_running, (r, across), json),
             }
         }
         Command::Restore {
@@ -97,10 +103,13 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
                 truncate_grown,
                 no_prefetch,
             };
-            let r = job_request(dir.unwrap_or_default(), common, verbose);
+            let (r, across) = job_request(dir.unwrap_or_default(), common, verbose)?;
             match store_request(store, Compression::default()) {
-                Some(s) => stored(snapshots::restore(&how, &r, &s)?, json),
-                None => restore_command(&how, &r, json),
+                Some(s) => {
+                    no_store_across(&across)?;
+                    stored(snapshots::restore(&how, &r, &s)?, json)
+                }
+                None => restore_command(&how, (r, across), json),
             }
         }
         Command::Store(c) => snapshots::command::run(c, json),
@@ -155,8 +164,16 @@ fn stored(outcome: impl serde::Serialize, json: bool) -> Result<u8, Error> {
 }
 
 /// `criu-gpu dump`.
-fn dump_command(pid: i32, leave_running: bool, r: &job::Request, json: bool) -> Result<u8, Error> {
-    let o = job::dump(pid, leave_running, r)?;
+fn dump_command(
+    pid: i32,
+    leave_running: bool,
+    (r, across): (job::Request, Option<job::cluster::Across>),
+    json: bool,
+) -> Result<u8, Error> {
+    let o = match across {
+        Some(a) => job::cluster::dump::dump(pid, leave_running, &r, &a)?,
+        None => job::dump(pid, leave_running, &r)?,
+    };
     if json {
         out::json(&o);
     }
@@ -164,8 +181,15 @@ fn dump_command(pid: i32, leave_running: bool, r: &job::Request, json: bool) -> 
 }
 
 /// `criu-gpu restore`.
-fn restore_command(how: &job::RestoreHow, r: &job::Request, json: bool) -> Result<u8, Error> {
-    let o = job::restore(how, r)?;
+fn restore_command(
+    how: &job::RestoreHow,
+    (r, across): (job::Request, Option<job::cluster::Across>),
+    json: bool,
+) -> Result<u8, Error> {
+    let o = match across {
+        Some(a) => job::cluster::restore::restore(how, &r, &a)?,
+        None => job::restore(how, &r)?,
+    };
     if json {
         out::json(&o);
     }
@@ -418,14 +442,49 @@ fn with_huge_pages(command: &[String]) -> Result<u8, Error> {
     Ok(status.code().map_or(1, |c| c.clamp(0, 255) as u8))
 }
 
-fn job_request(dir: std::path::PathBuf, a: cli::JobArgs, verbose: bool) -> job::Request {
-    job::Request {
+/// The request, and for a job across machines (`--nnodes`) its nodes' rendezvous.
+/// A snapshot store holds one node's part; a job across machines goes to image directories.
+fn no_store_across(across: &Option<job::cluster::Across>) -> Result<(), Error> {
+    match across {
+        Some(_) => Err(Error::Usage(
+            "--store with --nnodes is not supported: give each node's part an image directory"
+                .into(),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn job_request(
+    dir: std::path::PathBuf,
+    a: cli::JobArgs,
+    verbose: bool,
+) -> Result<(job::Request, Option<job::cluster::Across>), Error> {
+    let across = match (a.across.nnodes, &a.across.rdzv) {
+        (Some(nnodes), Some(rdzv)) => Some(job::cluster::Across {
+            nnodes,
+            node_rank: a.across.node_rank,
+            rdzv: rdzv.parse().map_err(|e| Error::Usage(format!("--rdzv {e}")))?,
+            timeout: Duration::from_secs(a.across.rdzv_timeout.max(1)),
+        }),
+        _ => None,
+    };
+    if let Some(a) = &across {
+        if a.nnodes == 0 || a.node_rank.is_some_and(|r| r >= a.nnodes) {
+            return Err(Error::Usage(format!(
+                "--node-rank must be below --nnodes {} (0 to {})",
+                a.nnodes,
+                a.nnodes.saturating_sub(1)
+            )));
+        }
+    }
+    let r = job::Request {
         dir,
         dry_run: a.dry_run,
         criu: a.criu,
         extra: a.extra,
         verbose,
-    }
+    };
+    Ok((r, across))
 }
 
 /// `criu-gpu runtime-config`: exit status 1 when the runtimes' CRIU will not be able to lock a

@@ -5,6 +5,7 @@
 //! CRIU goes ([`progress`]). The options the restore needs are kept in the image directory
 //! ([`record`]). Plain `criu dump` and `criu restore` are unchanged.
 
+pub mod cluster;
 pub mod facts;
 pub mod files;
 pub mod plan;
@@ -50,6 +51,8 @@ pub enum JobError {
     NoRecord(String),
     #[error("{0}")]
     Record(#[from] criu_gpu_image::record::RecordError),
+    #[error(transparent)]
+    Cluster(#[from] cluster::ClusterError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -154,7 +157,7 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
     if r.dry_run {
         return Ok(would_run(command, plan));
     }
-    let ran = run_dump(&criu, &args, &command, &r.dir)?;
+    let ran = run_dump(&criu, &args, &[], &command, &r.dir)?;
     record_job(pid, &facts, &plan, &r.dir)?;
     if !leave_running && plan.dump_args().iter().any(|a| a == "--network-lock") {
         release_network_lock(&r.dir);
@@ -259,6 +262,7 @@ fn would_run(command: Vec<String>, plan: Plan) -> Outcome {
 fn run_dump(
     criu: &Path,
     args: &[String],
+    env: &[(String, String)],
     command: &[String],
     dir: &Path,
 ) -> Result<run::Ran, JobError> {
@@ -268,7 +272,7 @@ fn run_dump(
     };
     std::fs::create_dir_all(dir).map_err(io("creating the image directory"))?;
     out::line(format!("running: {}", command.join(" ")));
-    let ran = run::criu(criu, args, &[], &dir.join("dump.log"), "dumping", LIMIT)
+    let ran = run::criu(criu, args, env, &dir.join("dump.log"), "dumping", LIMIT)
         .map_err(io("running criu"))?;
     if !ran.ok {
         return Err(JobError::Failed {
@@ -343,12 +347,31 @@ fn release_network_lock(dir: &Path) {
 }
 
 /// `criu-gpu` as CRIU's action script (`action` from CRTOOLS_SCRIPT_ACTION): at post-dump, while
-/// the job is frozen, records the job's files in the image directory (CRTOOLS_IMAGE_DIR). It
-/// never fails the dump: what it cannot record is said on stderr (CRIU's) and left out.
-pub fn action_script(action: &str) {
-    if action != "post-dump" {
-        return;
+/// the job is frozen, records the job's files in the image directory (CRTOOLS_IMAGE_DIR); what
+/// it cannot record is said on stderr (CRIU's) and left out. For a job across machines
+/// (`CRIU_GPU_CLUSTER` in CRIU's environment) it then waits at the barrier of post-dump or
+/// post-restore until every node is there; `false` (the dump or restore fails, on every node)
+/// when the job cannot go on.
+pub fn action_script(action: &str) -> bool {
+    if action == "post-dump" {
+        record_files();
     }
+    let Some(socket) = std::env::var_os(criu_gpu_image::cluster::SETTING) else {
+        return true;
+    };
+    if !matches!(action, "post-dump" | "post-restore") {
+        return true;
+    }
+    match cluster::serve::barrier(Path::new(&socket), action) {
+        Ok(()) => true,
+        Err(why) => {
+            eprintln!("criu-gpu: the job's nodes did not all reach {action}: {why}");
+            false
+        }
+    }
+}
+
+fn record_files() {
     let Some(dir) = std::env::var_os("CRTOOLS_IMAGE_DIR").map(PathBuf::from) else {
         eprintln!("criu-gpu: no CRTOOLS_IMAGE_DIR: the job's files were not recorded");
         return;

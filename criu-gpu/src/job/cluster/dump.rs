@@ -1,0 +1,149 @@
+//! `criu-gpu dump --nnodes N --node-rank R --rdzv etcd://HOST:PORT/JOB ROOT DIR`: this node's
+//! part of a dump of the whole job. Before anything is frozen the nodes join the dump's
+//! generation and exchange their preflights: a problem on any node stops every node. CRIU then
+//! runs with `CRIU_GPU_CLUSTER` naming this node's socket: the plugin's lock rounds are decided
+//! with the other nodes, and CRIU's post-dump action (criu-gpu) waits until every node's dump is
+//! complete (the commit). A node that fails, dies or loses etcd before the commit stops every
+//! node's dump, and every node's ranks go on.
+
+use std::sync::Arc;
+
+use super::op::{Kind, NodeInfo, Op};
+use super::part::{Node, Part};
+use super::serve::Server;
+use super::store::Store;
+use super::{addresses, hostname, Across, ClusterError};
+use crate::job::plan::Plan;
+use crate::job::{self, JobError, Outcome, Request};
+use crate::out;
+
+/// This node's part of the dump of the job rooted here at `pid`.
+pub fn dump(
+    pid: i32,
+    leave_running: bool,
+    r: &Request,
+    across: &Across,
+) -> Result<Outcome, JobError> {
+    let rank = across.node_rank.ok_or_else(|| {
+        ClusterError::Part(
+            "a dump across nodes needs this node's --node-rank (0 to NNODES-1), as torchrun's \
+             --node-rank"
+                .into(),
+        )
+    })?;
+    let criu = job::criu(r)?;
+    let facts = job::read_job(pid)?;
+    let plan = job::dump_plan(&facts, &criu);
+    job::show_plan(&plan);
+    let me = NodeInfo {
+        rank,
+        host: hostname(),
+        addrs: addresses(),
+        part_gen: None,
+        problems: problems(&plan),
+    };
+    let store = Store::connect(&across.rdzv.endpoints).map_err(ClusterError::from)?;
+    let op = Arc::new(Op::join(store, &across.rdzv, Kind::Dump, across.nnodes, rank, &me)?);
+    let result = dump_in(&op, (pid, &facts), leave_running, r, across, &me, &plan);
+    if let Err(e) = &result {
+        op.abort(&format!("node {rank}: {e}"));
+    }
+    op.leave();
+    result
+}
+
+pub(super) fn problems(plan: &Plan) -> Vec<String> {
+    plan.problems
+        .iter()
+        .map(|p| {
+            if p.fix.is_empty() {
+                p.what.clone()
+            } else {
+                format!("{} (fix: {})", p.what, p.fix)
+            }
+        })
+        .collect()
+}
+
+/// Refuses when any node's preflight found problems: every node says which.
+pub(super) fn refuse_any(nodes: &[NodeInfo], plan: &Plan) -> Result<(), JobError> {
+    let mine = !plan.problems.is_empty();
+    let theirs: Vec<String> = nodes
+        .iter()
+        .filter(|n| !n.problems.is_empty())
+        .map(|n| format!("{}: {}", n.name(), n.problems.join("; ")))
+        .collect();
+    if mine {
+        return Err(JobError::Refused(plan.problems.clone()));
+    }
+    if theirs.is_empty() {
+        return Ok(());
+    }
+    Err(ClusterError::Aborted(format!(
+        "another node's preflight refused the job ({}); nothing was done on any node",
+        theirs.join(" | ")
+    ))
+    .into())
+}
+
+fn dump_in(
+    op: &Arc<Op>,
+    (pid, facts): (i32, &crate::job::facts::JobFacts),
+    leave_running: bool,
+    r: &Request,
+    across: &Across,
+    me: &NodeInfo,
+    plan: &Plan,
+) -> Result<Outcome, JobError> {
+    let nodes = op.exchange(across.timeout)?;
+    refuse_any(&nodes, plan)?;
+    let criu = job::criu(r)?;
+    let args = job::dump_args(pid, leave_running, r, plan)?;
+    let command = job::full_command(&criu, &args);
+    if r.dry_run {
+        return Ok(job::would_run(command, plan.clone()));
+    }
+    let server = Server::start(op.clone(), across.timeout).map_err(|source| JobError::Io {
+        what: "serving the plugin's lock rounds on a unix socket".into(),
+        source,
+    })?;
+    let env = vec![(
+        criu_gpu_image::cluster::SETTING.to_owned(),
+        server.path.display().to_string(),
+    )];
+    let ran = job::run_dump(&criu, &args, &env, &command, &r.dir)?;
+    job::record_job(pid, facts, plan, &r.dir)?;
+    Part {
+        job: op.job.clone(),
+        generation: op.gen,
+        nnodes: op.nnodes,
+        node_rank: op.rank,
+        nodes: nodes.iter().map(Node::from).collect(),
+        leave_running,
+        dumped_at: job::now(),
+    }
+    .write(&r.dir)?;
+    if !leave_running && plan.dump_args().iter().any(|a| a == "--network-lock") {
+        job::release_network_lock(&r.dir);
+    }
+    job::say_files_recorded(&r.dir);
+    let bytes = job::dir_bytes(&r.dir);
+    out::line(format!(
+        "dumped node {}'s part of job {} (generation {}, {} node(s)) into {} in {:.1} s: {}",
+        me.rank,
+        op.job,
+        op.gen,
+        op.nnodes,
+        r.dir.display(),
+        ran.took.as_secs_f64(),
+        crate::human::bytes(bytes)
+    ));
+    Ok(Outcome {
+        command,
+        dry_run: false,
+        plan: plan.clone(),
+        seconds: ran.took.as_secs_f64(),
+        image_bytes: Some(bytes),
+        restored_root: None,
+    })
+}

@@ -1,0 +1,173 @@
+//! `criu-gpu restore --nnodes N --rdzv etcd://HOST:PORT/JOB DIR`: this node's part of a restore
+//! of the whole job. The part says which job, generation and node it is; the nodes join the
+//! restore and exchange their preflights (parts of one dump, of this job, each node able to
+//! restore its own) before anything starts. CRIU's post-restore action (criu-gpu) waits until
+//! every node's processes and sockets are back: until then every node's network lock holds the
+//! packets between them (dropped, so retransmitted later, never refused), and a node that does
+//! not come stops the restore on every node, its images unchanged.
+
+use std::sync::Arc;
+
+use super::op::{Kind, NodeInfo, Op};
+use super::part::Part;
+use super::serve::Server;
+use super::store::Store;
+use super::{addresses, hostname, Across, ClusterError};
+use crate::job::plan::{Plan, Problem};
+use crate::job::record::JobRecord;
+use crate::job::{self, JobError, Outcome, Request, RestoreHow};
+use crate::out;
+
+/// This node's part of the restore of the job.
+pub fn restore(how: &RestoreHow, r: &Request, across: &Across) -> Result<Outcome, JobError> {
+    let part = read_part(r, across)?;
+    let criu = job::criu(r)?;
+    let rec = JobRecord::read(&r.dir)?
+        .ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
+    let env = job::device_map_env(how);
+    let mut plan = job::restore_plan(&rec, how, &r.dir);
+    address_problems(&part, &mut plan);
+    job::show_plan(&plan);
+    let me = NodeInfo {
+        rank: part.node_rank,
+        host: hostname(),
+        addrs: addresses(),
+        part_gen: Some(part.generation),
+        problems: super::dump::problems(&plan),
+    };
+    let store = Store::connect(&across.rdzv.endpoints).map_err(ClusterError::from)?;
+    let op = Arc::new(Op::join(
+        store,
+        &across.rdzv,
+        Kind::Restore,
+        across.nnodes,
+        part.node_rank,
+        &me,
+    )?);
+    let result = restore_in(&op, (&part, &rec), how, r, across, &plan, env, &criu);
+    if let Err(e) = &result {
+        op.abort(&format!("node {}: {e}", part.node_rank));
+    }
+    op.leave();
+    result
+}
+
+/// The part in `r.dir`, checked against the command line: this job, this many nodes, this rank.
+fn read_part(r: &Request, across: &Across) -> Result<Part, JobError> {
+    let dir = r.dir.display();
+    let part = Part::read(&r.dir)?.ok_or_else(|| {
+        ClusterError::Part(format!(
+            "{dir} holds no part of a job across machines ({}): it was not made by `criu-gpu \
+             dump --nnodes`; restore it without --nnodes",
+            super::part::FILE
+        ))
+    })?;
+    let refuse = |what: String| Err(ClusterError::Part(format!("{dir} is {}; {what}", part.name())));
+    if part.job != across.rdzv.job {
+        return refuse(format!(
+            "this restore is of job {}: name the part's job in --rdzv, or restore that job's part",
+            across.rdzv.job
+        ))?;
+    }
+    if part.nnodes != across.nnodes {
+        return refuse(format!(
+            "the job had {} nodes, not --nnodes {}",
+            part.nnodes, across.nnodes
+        ))?;
+    }
+    if let Some(rank) = across.node_rank.filter(|r| *r != part.node_rank) {
+        return refuse(format!(
+            "not node {rank}'s: leave --node-rank out (the part names its node) or restore node \
+             {rank}'s part here"
+        ))?;
+    }
+    Ok(part)
+}
+
+/// A part whose node's addresses this node has none of: its connections cannot be bound here.
+fn address_problems(part: &Part, plan: &mut Plan) {
+    let Some(was) = part.nodes.iter().find(|n| n.rank == part.node_rank) else {
+        return;
+    };
+    let here = addresses();
+    if was.addrs.is_empty() || was.addrs.iter().any(|a| here.contains(a)) {
+        return;
+    }
+    let was: Vec<String> = was.addrs.iter().map(|a| a.to_string()).collect();
+    plan.problems.push(Problem {
+        what: format!(
+            "the part's node had the address(es) {}, and this node has none of them: the job's \
+             connections between the nodes were made from those addresses",
+            was.join(", ")
+        ),
+        fix: "restore the part on a node with that address (give it to this node), or restore \
+              it where it was dumped"
+            .into(),
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn restore_in(
+    op: &Arc<Op>,
+    (part, rec): (&Part, &JobRecord),
+    how: &RestoreHow,
+    r: &Request,
+    across: &Across,
+    plan: &Plan,
+    mut env: Vec<(String, String)>,
+    criu: &std::path::Path,
+) -> Result<Outcome, JobError> {
+    let nodes = op.exchange(across.timeout)?;
+    super::dump::refuse_any(&nodes, plan)?;
+    if let Some(other) = nodes.iter().find(|n| n.part_gen != Some(part.generation)) {
+        return Err(ClusterError::Part(format!(
+            "{} restores a part of generation {}, this node one of generation {}: restore parts \
+             of one dump on every node",
+            other.name(),
+            other.part_gen.map_or("?".into(), |g| g.to_string()),
+            part.generation
+        ))
+        .into());
+    }
+    let mut args = job::restore_args(rec, r);
+    let me = std::env::current_exe().map_err(|source| JobError::Io {
+        what: "finding criu-gpu's own path for CRIU's action script".into(),
+        source,
+    })?;
+    args.push("--action-script".into());
+    args.push(me.display().to_string());
+    let command = job::full_command(criu, &args);
+    if r.dry_run {
+        return Ok(job::would_run(command, plan.clone()));
+    }
+    if how.truncate_grown {
+        job::cut_back_grown(&r.dir)?;
+    }
+    let server = Server::start(op.clone(), across.timeout).map_err(|source| JobError::Io {
+        what: "serving the restore's barrier on a unix socket".into(),
+        source,
+    })?;
+    env.push((
+        criu_gpu_image::cluster::SETTING.to_owned(),
+        server.path.display().to_string(),
+    ));
+    let ran = job::run_restore(criu, &args, &env, &command, &r.dir)?;
+    let root = std::fs::read_to_string(r.dir.join("restore.pid"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok());
+    out::line(format!(
+        "restored {} ({} process(es)) in {:.1} s{}",
+        part.name(),
+        rec.members.len(),
+        ran.took.as_secs_f64(),
+        root.map_or(String::new(), |p: i32| format!("; its root is pid {p}"))
+    ));
+    Ok(Outcome {
+        command,
+        dry_run: false,
+        plan: plan.clone(),
+        seconds: ran.took.as_secs_f64(),
+        image_bytes: None,
+        restored_root: root,
+    })
+}
