@@ -463,7 +463,9 @@ fn job_request(
         (Some(nnodes), Some(rdzv)) => Some(job::cluster::Across {
             nnodes,
             node_rank: a.across.node_rank,
-            rdzv: rdzv.parse().map_err(|e| Error::Usage(format!("--rdzv {e}")))?,
+            rdzv: rdzv
+                .parse()
+                .map_err(|e| Error::Usage(format!("--rdzv {e}")))?,
             timeout: Duration::from_secs(a.across.rdzv_timeout.max(1)),
         }),
         _ => None,

@@ -10,12 +10,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod amd;
+pub mod cluster;
 pub mod containerd;
 pub mod criu;
 pub mod held;
 pub mod job;
 pub mod kube;
 pub mod memcg;
+pub mod netbed;
 pub mod podman;
 
 /// A container root file system holding the test application, the simulated driver and the C

@@ -43,7 +43,14 @@ pub fn dump(
         problems: problems(&plan),
     };
     let store = Store::connect(&across.rdzv.endpoints).map_err(ClusterError::from)?;
-    let op = Arc::new(Op::join(store, &across.rdzv, Kind::Dump, across.nnodes, rank, &me)?);
+    let op = Arc::new(Op::join(
+        store,
+        &across.rdzv,
+        Kind::Dump,
+        across.nnodes,
+        rank,
+        &me,
+    )?);
     let result = dump_in(&op, (pid, &facts), leave_running, r, across, &me, &plan);
     if let Err(e) = &result {
         op.abort(&format!("node {rank}: {e}"));

@@ -152,7 +152,13 @@ mod tests {
         assert_eq!(r.job, "train-7");
         let r: Rdzv = "etcd://a:1,b:2/j".parse().unwrap();
         assert_eq!(r.endpoints.len(), 2);
-        for bad in ["10.0.0.9:2379/j", "etcd://h:1", "etcd://h:1/", "etcd:///j", "etcd://h:1/a/b"] {
+        for bad in [
+            "10.0.0.9:2379/j",
+            "etcd://h:1",
+            "etcd://h:1/",
+            "etcd:///j",
+            "etcd://h:1/a/b",
+        ] {
             assert!(bad.parse::<Rdzv>().is_err(), "{bad}");
         }
     }

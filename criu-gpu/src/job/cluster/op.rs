@@ -194,7 +194,10 @@ impl Op {
             .store
             .put_if_absent(&key, &json(&a), &[&key, &commit], false)
         {
-            Ok(true) => out::line(format!("cluster: stopped the job's {}: {why}", self.kind.word())),
+            Ok(true) => out::line(format!(
+                "cluster: stopped the job's {}: {why}",
+                self.kind.word()
+            )),
             Ok(false) => {}
             Err(e) => out::line(format!(
                 "cluster: could not tell the other nodes that this node stopped ({e}); they stop \
@@ -256,7 +259,10 @@ impl Op {
         let left = reports.iter().map(|(_, r)| r.left_ms).min().unwrap_or(0);
         let left = Duration::from_millis(left);
         let mut policy = self.policy.lock().unwrap_or_else(|e| e.into_inner());
-        let next = match reports.iter().find(|(_, r)| r.outcome.is_some_and(|o| o.failed)) {
+        let next = match reports
+            .iter()
+            .find(|(_, r)| r.outcome.is_some_and(|o| o.failed))
+        {
             Some((r, _)) => Next::Stop(format!("a GPU lock failed on node {r}")),
             None if k == 0 => policy.insert(Policy::new(left)).first(left),
             None => {
@@ -281,7 +287,9 @@ impl Op {
                     reports.len(),
                     reports
                         .iter()
-                        .filter_map(|(r, x)| x.outcome.map(|o| format!("node {r}: {}/{}", o.locked, o.of)))
+                        .filter_map(|(r, x)| x
+                            .outcome
+                            .map(|o| format!("node {r}: {}/{}", o.locked, o.of)))
                         .collect::<Vec<_>>()
                         .join(", "),
                     match &next {
@@ -311,7 +319,10 @@ impl Op {
         self.store
             .put(&format!("{}{name}/{}", self.prefix, self.rank), b"1", false)
             .map_err(|e| e.to_string())?;
-        out::line(format!("cluster: node {} at {stage}, waiting for the others", self.rank));
+        out::line(format!(
+            "cluster: node {} at {stage}, waiting for the others",
+            self.rank
+        ));
         let n = self.nnodes;
         let got = self
             .store

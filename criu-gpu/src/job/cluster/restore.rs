@@ -22,8 +22,8 @@ use crate::out;
 pub fn restore(how: &RestoreHow, r: &Request, across: &Across) -> Result<Outcome, JobError> {
     let part = read_part(r, across)?;
     let criu = job::criu(r)?;
-    let rec = JobRecord::read(&r.dir)?
-        .ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
+    let rec =
+        JobRecord::read(&r.dir)?.ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
     let env = job::device_map_env(how);
     let mut plan = job::restore_plan(&rec, how, &r.dir);
     address_problems(&part, &mut plan);
@@ -62,7 +62,12 @@ fn read_part(r: &Request, across: &Across) -> Result<Part, JobError> {
             super::part::FILE
         ))
     })?;
-    let refuse = |what: String| Err(ClusterError::Part(format!("{dir} is {}; {what}", part.name())));
+    let refuse = |what: String| {
+        Err(ClusterError::Part(format!(
+            "{dir} is {}; {what}",
+            part.name()
+        )))
+    };
     if part.job != across.rdzv.job {
         return refuse(format!(
             "this restore is of job {}: name the part's job in --rdzv, or restore that job's part",

@@ -86,8 +86,12 @@ fn serve(op: &Op, conn: UnixStream, barrier_limit: Duration) {
 /// `criu-gpu` as CRIU's action script at `stage`: waits at the operation's barrier through the
 /// socket `path`; the reason when the job cannot go on.
 pub fn barrier(path: &Path, stage: &str) -> Result<(), String> {
-    let mut s = UnixStream::connect(path)
-        .map_err(|e| format!("this node's criu-gpu ({}) cannot be reached: {e}", path.display()))?;
+    let mut s = UnixStream::connect(path).map_err(|e| {
+        format!(
+            "this node's criu-gpu ({}) cannot be reached: {e}",
+            path.display()
+        )
+    })?;
     let mut line = serde_json::json!({ "barrier": stage }).to_string();
     line.push('\n');
     s.write_all(line.as_bytes()).map_err(|e| e.to_string())?;

@@ -247,8 +247,8 @@ impl Store {
     /// Ends the node's session: its live keys go at once, its records stay for a while.
     pub fn close(&self) {
         let mut c = self.client.clone();
-        let _ = self.rt.block_on(async {
-            tokio::time::timeout(REQUEST, c.lease_revoke(self.live)).await
-        });
+        let _ = self
+            .rt
+            .block_on(async { tokio::time::timeout(REQUEST, c.lease_revoke(self.live)).await });
     }
 }

@@ -24,8 +24,12 @@ use crate::sys::SharedFile;
 const HEADER: usize = 4096;
 
 pub struct Rank {
+    /// The rank on this node, and the ranks of this node.
     pub rank: usize,
     pub ranks: usize,
+    /// Across nodes: this rank's place among all of them, and how many there are.
+    pub global: usize,
+    pub total: usize,
     /// The job's collectives on the GPU.
     pub group: u64,
     file: SharedFile,
@@ -44,6 +48,16 @@ pub struct Plan {
     pub store_port: u16,
     file: SharedFile,
     group: u64,
+    nodes: Option<Nodes>,
+}
+
+/// A job across machines (`--nnodes`): this node's place and where the store is.
+#[derive(Clone)]
+pub struct Nodes {
+    pub nnodes: usize,
+    pub node_rank: usize,
+    /// HOST:PORT of the store (node 0's rank 0 listens on its port).
+    pub master: String,
 }
 
 impl Plan {
@@ -59,11 +73,77 @@ impl Plan {
             store_port,
             file,
             group: (std::process::id() as u64) << 32 ^ nanos,
+            nodes: None,
+        })
+    }
+
+    /// The job spans nodes: every node's ranks meet through the store at `master`. The
+    /// collectives' group is the store's address: the same on every node.
+    pub fn across(mut self, nodes: Nodes) -> Plan {
+        self.group = nodes.master.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x1000_0000_01b3)
+        });
+        self.nodes = Some(nodes);
+        self
+    }
+
+    /// Joins a job across nodes as local rank `rank`: the ring's addresses come from the store.
+    fn join_across(self, rank: usize, nodes: Nodes) -> Result<Rank> {
+        let n = self.ranks;
+        let global = nodes.node_rank * n + rank;
+        let total = nodes.nnodes * n;
+        let slot = (self.file.len() - HEADER) / n;
+        let port = nodes
+            .master
+            .rsplit_once(':')
+            .map_or(self.store_port, |(_, p)| {
+                p.parse().unwrap_or(self.store_port)
+            });
+        let mut listeners = Vec::new();
+        if global == 0 {
+            listeners.push(TcpListener::bind(("0.0.0.0", port)).context("store listener")?);
+        }
+        let ring =
+            listen_without_reuseaddr(std::net::Ipv4Addr::UNSPECIFIED).context("ring listener")?;
+        let mut store = connect(&nodes.master)?;
+        let me = (store.local_addr()?.ip(), ring.local_addr()?.port());
+        let mut hello = (global as u32).to_le_bytes().to_vec();
+        hello.extend_from_slice(&me.1.to_le_bytes());
+        store.write_all(&hello)?;
+        let served = match listeners.first() {
+            Some(l) => serve_table(l, total)?,
+            None => Vec::new(),
+        };
+        let table = read_table(&mut store, total)?;
+        let next = table[(global + 1) % total];
+        bootstrap(&ring, &next.to_string(), global)?;
+        let next = connect(&next.to_string())?;
+        let prev = ring.accept()?.0;
+        listeners.push(ring);
+        for s in [&next, &prev] {
+            s.set_read_timeout(Some(Duration::from_secs(600)))?;
+        }
+        Ok(Rank {
+            rank,
+            ranks: n,
+            global,
+            total,
+            group: self.group,
+            file: self.file,
+            slot,
+            next,
+            prev,
+            store,
+            served,
+            _listeners: listeners,
         })
     }
 
     /// Joins the job as `rank` (in the forked rank process).
     pub fn join(self, rank: usize) -> Result<Rank> {
+        if let Some(nodes) = self.nodes.clone() {
+            return self.join_across(rank, nodes);
+        }
         let n = self.ranks;
         let slot = (self.file.len() - HEADER) / n;
         let mut listeners = Vec::new();
@@ -93,6 +173,8 @@ impl Plan {
         Ok(Rank {
             rank,
             ranks: n,
+            global: rank,
+            total: n,
             group: self.group,
             file: self.file,
             slot,
@@ -147,6 +229,51 @@ fn bootstrap(ring: &TcpListener, next: &str, rank: usize) -> Result<()> {
     Ok(())
 }
 
+/// The store's side (node 0's rank 0): every rank's hello, then the table of their ring
+/// addresses to each of them.
+fn serve_table(l: &TcpListener, total: usize) -> Result<Vec<TcpStream>> {
+    let mut conns = Vec::new();
+    let mut table = vec![None; total];
+    for _ in 0..total {
+        let (mut s, peer) = l.accept()?;
+        let mut hello = [0u8; 6];
+        s.read_exact(&mut hello)?;
+        let g = u32::from_le_bytes(hello[..4].try_into().unwrap()) as usize;
+        let port = u16::from_le_bytes(hello[4..].try_into().unwrap());
+        let ip = match peer.ip() {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer.ip(), Into::into),
+            ip => ip,
+        };
+        *table.get_mut(g).context("a rank beyond the job's")? =
+            Some(std::net::SocketAddr::new(ip, port));
+        conns.push(s);
+    }
+    let mut bytes = Vec::new();
+    for a in table {
+        let a = a.context("a rank never said hello")?;
+        let line = format!("{a}\n");
+        bytes.extend_from_slice(line.as_bytes());
+    }
+    for s in &mut conns {
+        s.write_all(&bytes)?;
+    }
+    Ok(conns)
+}
+
+/// Every rank's ring address, from the store.
+fn read_table(store: &mut TcpStream, total: usize) -> Result<Vec<std::net::SocketAddr>> {
+    let mut text = Vec::new();
+    let mut byte = [0u8; 1];
+    while text.iter().filter(|b| **b == b'\n').count() < total {
+        store.read_exact(&mut byte)?;
+        text.push(byte[0]);
+    }
+    String::from_utf8(text)?
+        .lines()
+        .map(|l| Ok(l.parse()?))
+        .collect()
+}
+
 fn wait_port(file: &SharedFile, rank: usize) -> Result<u16> {
     let start = Instant::now();
     loop {
@@ -188,11 +315,19 @@ impl Rank {
             .context("store send")?;
         let mut got = [0u8; 16];
         self.prev.read_exact(&mut got).context("ring receive")?;
+        let prev_global = (self.global + self.total - 1) % self.total;
         let prev = (self.rank + self.ranks - 1) % self.ranks;
         let their_step = u64::from_le_bytes(got[..8].try_into().unwrap());
         let their_hash = u64::from_le_bytes(got[8..].try_into().unwrap());
         if their_step != step {
-            bail!("rank {prev} sent step {their_step}, this rank is at step {step}");
+            bail!("rank {prev_global} sent step {their_step}, this rank is at step {step}");
+        }
+        if their_hash == 0 {
+            bail!("rank {prev_global} sent no hash");
+        }
+        // The previous rank's slot is in this node's file only if it runs on this node.
+        if prev_global / self.ranks != self.global / self.ranks {
+            return self.drain_store();
         }
         // The previous rank wrote its slot before it sent: the file must show that step, or a
         // later one (a rank can run ahead by less than a lap of the ring).
@@ -201,9 +336,11 @@ impl Rank {
         if !ahead {
             bail!("rank {prev}'s part of the shared file holds {seen:#x} at step {step}");
         }
-        if their_hash == 0 {
-            bail!("rank {prev} sent no hash");
-        }
+        self.drain_store()
+    }
+
+    /// The store's side reads what the ranks sent it (steps it does not check).
+    fn drain_store(&mut self) -> Result<()> {
         let mut sink = [0u8; 4096];
         for s in &mut self.served {
             s.set_nonblocking(true)?;

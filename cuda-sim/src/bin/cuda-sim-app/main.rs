@@ -64,6 +64,16 @@ struct Args {
     /// The job's store port (rank 0 listens on it).
     #[arg(long, default_value_t = 29500)]
     store_port: u16,
+    /// The job spans this many nodes, each running `--ranks` of its ranks (one launch per node,
+    /// as torchrun's --nnodes); the ranks meet through the store at --master.
+    #[arg(long, default_value_t = 1)]
+    nnodes: usize,
+    /// This node's rank (0 to NNODES-1).
+    #[arg(long, default_value_t = 0)]
+    node_rank: usize,
+    /// HOST:PORT of the job's store, on node 0 (with --nnodes above 1).
+    #[arg(long)]
+    master: Option<String>,
     /// The job's shared file, in MiB.
     #[arg(long, default_value_t = 4)]
     shm_mib: usize,
@@ -175,7 +185,7 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
             cuda.busy(args.busy_ms)?;
         }
         if let (Some(r), true) = (&rank, args.collective_ms > 0) {
-            cuda.collective(r.group, step, r.ranks as u32, args.collective_ms)?;
+            cuda.collective(r.group, step, r.total as u32, args.collective_ms)?;
         }
         cuda.synchronize()?;
         cuda.dtoh(&mut seen, dptr)?;
@@ -232,7 +242,14 @@ fn main() -> Result<()> {
         // The parent maps the driver without a context, as torch.multiprocessing's does after
         // torch.cuda.device_count(): not a CUDA process to the driver, nor a rank.
         let _driver = driver::Cuda::load(&args.lib)?;
-        let plan = job::Plan::new(args.ranks, args.store_port, args.shm_mib)?;
+        let mut plan = job::Plan::new(args.ranks, args.store_port, args.shm_mib)?;
+        if let (true, Some(master)) = (args.nnodes > 1, &args.master) {
+            plan = plan.across(job::Nodes {
+                nnodes: args.nnodes,
+                node_rank: args.node_rank,
+                master: master.clone(),
+            });
+        }
         let mut mine = None;
         for r in 0..args.ranks {
             if sys::fork()? {

@@ -1,0 +1,57 @@
+//! `netbed`: nodes of a test bed as namespaces on one machine (gpu_ckpt_tests::netbed).
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+
+use gpu_ckpt_tests::netbed;
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: netbed up DIR NAME=A.B.C.D/N... | exec DIR NAME -- CMD... | addr DIR NAME \
+         A.B.C.D/N | down DIR | hold DIR NAME"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let dir = args.get(2).map(PathBuf::from).unwrap_or_else(|| usage());
+    let result = match args.get(1).map(String::as_str) {
+        Some("up") => {
+            let nodes: Vec<_> = args[3..]
+                .iter()
+                .map(|a| netbed::parse_node(a).unwrap_or_else(|| usage()))
+                .collect();
+            let me = std::env::current_exe().expect("own path");
+            netbed::up_bed(&me, &dir, &nodes)
+        }
+        Some("hold") => netbed::hold(&dir, args.get(3).unwrap_or_else(|| usage())),
+        Some("addr") => {
+            let (ip, prefix) = args
+                .get(4)
+                .and_then(|a| netbed::parse_addr(a))
+                .unwrap_or_else(|| usage());
+            netbed::address(&dir, args.get(3).unwrap_or_else(|| usage()), ip, prefix)
+        }
+        Some("exec") => {
+            let node = args.get(3).unwrap_or_else(|| usage());
+            let cmd = match args.get(4).map(String::as_str) {
+                Some("--") => &args[5..],
+                _ => usage(),
+            };
+            if cmd.is_empty() {
+                usage();
+            }
+            netbed::holder(&dir, node)
+                .and_then(|pid| netbed::enter(pid, true))
+                .map(|()| std::process::Command::new(&cmd[0]).args(&cmd[1..]).exec())
+                .and_then(Err)
+        }
+        Some("down") => std::fs::remove_dir_all(&dir),
+        _ => usage(),
+    };
+    if let Err(e) = result {
+        eprintln!("netbed: {e}");
+        std::process::exit(1);
+    }
+}

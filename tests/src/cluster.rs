@@ -1,0 +1,227 @@
+//! Two nodes on one machine (`netbed`: network and UTS namespaces on a bridge of their own), a
+//! real etcd on a third, a simulated job with one rank per node talking over TCP between them,
+//! and `criu-gpu` run inside each node as a node's agent would run it. The nodes share only the
+//! network, etcd and the simulated GPU daemon (its two GPUs split: node 0 uses GPU 0, node 1
+//! GPU 1; the daemon is where collectives meet, as the network is for NCCL).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::criu::Criu;
+use crate::*;
+
+/// The bed: its nodes' names and addresses.
+pub struct Bed {
+    pub dir: PathBuf,
+    /// (name, address) of each node; the last is etcd's host.
+    pub nodes: Vec<(String, String)>,
+    pub subnet: u8,
+}
+
+impl Bed {
+    /// Nodes `n0`.. `nN-1` at 10.S.0.1.., and `etcd` at 10.S.0.254 (S from the pid: the
+    /// addresses live only in the bed's namespaces).
+    pub fn up(scratch: &Path, n: usize) -> Bed {
+        let subnet = (std::process::id() % 200) as u8 + 20;
+        let dir = scratch.join("bed");
+        let mut nodes: Vec<(String, String)> = (0..n)
+            .map(|i| (format!("n{i}"), format!("10.{subnet}.0.{}", i + 1)))
+            .collect();
+        nodes.push(("etcd".into(), format!("10.{subnet}.0.254")));
+        let specs: Vec<String> = nodes.iter().map(|(n, a)| format!("{n}={a}/24")).collect();
+        let out = Command::new(artifact("netbed"))
+            .arg("up")
+            .arg(&dir)
+            .args(&specs)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "netbed up: {}", stderr(&out));
+        Bed { dir, nodes, subnet }
+    }
+
+    pub fn addr(&self, node: &str) -> &str {
+        &self.nodes.iter().find(|(n, _)| n == node).unwrap().1
+    }
+
+    /// `PROGRAM ARGS` inside `node`.
+    pub fn command(&self, node: &str, program: &Path) -> Command {
+        let mut c = Command::new(artifact("netbed"));
+        c.arg("exec")
+            .arg(&self.dir)
+            .arg(node)
+            .arg("--")
+            .arg(program);
+        c
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = Command::new(artifact("netbed"))
+            .arg("down")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+/// A real etcd on the bed's `etcd` node.
+pub struct Etcd {
+    child: Option<Child>,
+    pub endpoint: String,
+}
+
+impl Etcd {
+    pub fn start(bed: &Bed, scratch: &Path) -> Etcd {
+        let ip = bed.addr("etcd").to_owned();
+        let data = scratch.join("etcd-data");
+        let url = format!("http://{ip}:2379");
+        let child = bed
+            .command("etcd", Path::new("/usr/bin/etcd"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args(["--listen-peer-urls", &format!("http://{ip}:2380")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(scratch.join("etcd.log")).unwrap())
+            .spawn()
+            .expect("etcd (Debian's etcd-server; scripts/install.sh installs it)");
+        let e = Etcd {
+            child: Some(child),
+            endpoint: format!("{ip}:2379"),
+        };
+        let probe = format!("echo > /dev/tcp/{ip}/2379");
+        let health = || {
+            bed.command("n0", Path::new("/bin/bash"))
+                .args(["-c", &probe])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        assert!(
+            wait_until(Duration::from_secs(20), health),
+            "etcd did not come up"
+        );
+        e
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One node's part of a job: its root (the launcher) and its rank's log.
+pub struct NodeJob {
+    pub node: String,
+    pub root: i32,
+    pub pids: Vec<i32>,
+    pub rank: App,
+}
+
+/// The job: one rank per node, node 0's store at its address.
+pub fn start_job(sim: &mut Sim, bed: &Bed, more: &[&str]) -> Vec<NodeJob> {
+    let n = bed.nodes.len() - 1;
+    let master = format!("{}:{}", bed.addr("n0"), 29400 + bed.subnet as u16);
+    let mut parts = Vec::new();
+    for r in 0..n {
+        let node = format!("n{r}");
+        let log = sim.dir.join(format!("job-{node}.log"));
+        let (nn, rr) = (n.to_string(), r.to_string());
+        let child = bed
+            .command(&node, Path::new("/usr/bin/setsid"))
+            .arg(artifact("cuda-sim-app"))
+            .args(["--log", log.to_str().unwrap(), "--ranks", "1", "--mib", "8"])
+            .args(["--shm-mib", "4", "--nnodes", &nn, "--node-rank", &rr])
+            .args(["--master", &master, "--device", &rr, "--interval-ms", "50"])
+            .args(more)
+            .envs(sim.env())
+            .envs(
+                NCCL_SOCKETS_ONLY
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string())),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let root = reap_in_background(child);
+        sim.adopt(root);
+        parts.push(NodeJob {
+            node,
+            root,
+            pids: Vec::new(),
+            rank: App {
+                pid: 0,
+                log: log.with_extension("log.rank0"),
+            },
+        });
+    }
+    for p in &mut parts {
+        let r = &p.rank;
+        assert!(
+            wait_until(Duration::from_secs(30), || r.steps() >= 2),
+            "{}",
+            r.tail()
+        );
+        p.pids = cuda_checkpoint_ctl::process::tree(p.root);
+    }
+    parts
+}
+
+/// `criu-gpu ARGS` inside `node`, started (all nodes run theirs at once).
+pub fn criu_gpu_on(
+    sim: &Sim,
+    bed: &Bed,
+    c: &Criu,
+    node: &str,
+    args: &[String],
+    criu_args: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
+    bed.command(node, &artifact("criu-gpu"))
+        .args(args)
+        .args(["--criu", c.bin.to_str().unwrap(), "--", "--lib"])
+        .arg(&c.plugins)
+        .args(criu_args)
+        .envs(sim.env())
+        .env_remove("LD_LIBRARY_PATH")
+        .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for each node's `criu-gpu` (at most 3 minutes) and prints what it said.
+pub fn outputs(children: Vec<(String, Child)>) -> Vec<Output> {
+    children
+        .into_iter()
+        .map(|(node, c)| {
+            let out = finish_within(c, Duration::from_secs(180)).expect("criu-gpu ended");
+            eprintln!("criu-gpu on {node}:\n{}{}", stdout(&out), stderr(&out));
+            out
+        })
+        .collect()
+}
+
+/// The rendezvous argument of job `name`.
+pub fn rdzv(etcd: &Etcd, name: &str) -> String {
+    format!("etcd://{}/{name}", etcd.endpoint)
+}
