@@ -24,6 +24,9 @@
 #                                       node checkpoint|drain|restore)
 #   /usr/local/bin/criu-gpu-check      (its old name for `criu-gpu check`)
 #   Podman, containerd, runc, zstd     (Debian packages, with --with-containers only)
+#   protobuf-compiler, etcd-server     (Debian packages: etcd's client is generated at build
+#                                       time; jobs across machines meet in etcd, and the tests
+#                                       run a real one)
 #   the tests' tools                   (Debian packages: shellcheck lints the scripts, mmdebstrap
 #                                       makes the fresh root the packages are installed into)
 #   /usr/local/lib/criu-gpu/sim/       the simulated driver (libcuda.so.1, libnvidia-ml.so.1),
@@ -61,6 +64,10 @@ if [ $containers = 1 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get install -y -qq --no-install-recommends podman containerd runc uidmap zstd tar >/dev/null
 fi
+say "protoc (etcd's client is generated at build time), etcd (the tests run a real one)"
+export DEBIAN_FRONTEND=noninteractive
+command -v protoc >/dev/null || apt-get install -y -qq --no-install-recommends protobuf-compiler >/dev/null
+command -v etcd >/dev/null || apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
 say "shellcheck, mmdebstrap (the tests lint the scripts, install the packages into a fresh root)"
 for tool in shellcheck mmdebstrap; do
 	command -v $tool >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $tool >/dev/null

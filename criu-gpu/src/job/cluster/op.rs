@@ -357,7 +357,10 @@ impl Op {
         };
         match &result {
             Ok(()) => out::line(format!("cluster: every node passed {stage}")),
-            Err(why) => self.abort(why),
+            Err(why) => {
+                out::line(format!("cluster: the job cannot pass {stage}: {why}"));
+                self.abort(why);
+            }
         }
         result
     }
