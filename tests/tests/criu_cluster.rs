@@ -132,7 +132,7 @@ fn criu_of(dir: &std::path::Path) -> Option<i32> {
             std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
                 let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
                 args.first().is_some_and(|a| a.ends_with(b"criu"))
-                    && args.iter().any(|a| *a == want.as_bytes())
+                    && args.contains(&want.as_bytes())
             })
         })
 }
