@@ -170,7 +170,10 @@ fn ranks_are_locked_in_rounds_until_one_locks_them_all() {
     assert!(calls.iter().any(|c| c == "Checkpoint 11"), "{calls:?}");
     let t = w.gpu.m().lock_timeouts.clone();
     assert_eq!(t.len(), 6, "three rounds of two locks: {t:?}");
-    assert!(t[0] < t[2] && t[2] < t[4], "each round waits longer: {t:?}");
+    assert!(
+        t[0] < t[2] && t[4] == t[0],
+        "nothing locked: longer; skew (one locked): as short as the first again: {t:?}"
+    );
     c.exit(&w.host, Stage::Dump, true);
 }
 
