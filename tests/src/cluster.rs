@@ -225,3 +225,141 @@ pub fn outputs(children: Vec<(String, Child)>) -> Vec<Output> {
 pub fn rdzv(etcd: &Etcd, name: &str) -> String {
     format!("etcd://{}/{name}", etcd.endpoint)
 }
+
+/// Two nodes, etcd and a job of one rank per node, ready to be dumped and restored: what the
+/// tests across machines share.
+pub struct Scene {
+    pub job: Vec<NodeJob>,
+    pub etcd: Etcd,
+    pub bed: Bed,
+    pub c: Criu,
+    pub sim: Sim,
+    pub rdzv: String,
+    /// Each node's image directory.
+    pub dirs: Vec<PathBuf>,
+}
+
+impl Scene {
+    /// The bed, etcd and the job (`more`: the job's options) on a simulated GPU of two GPUs.
+    pub fn up(more: &[&str]) -> Scene {
+        let mut sim = Sim::with(SimSpec {
+            gpus: 2,
+            ..SimSpec::default()
+        });
+        let bed = Bed::up(&sim.dir, 2);
+        let etcd = Etcd::start(&bed, &sim.dir);
+        let c = Criu::new(&sim);
+        let job = start_job(&mut sim, &bed, more);
+        let rdzv = rdzv(&etcd, "train");
+        let dirs = (0..2).map(|r| sim.dir.join(format!("part{r}"))).collect();
+        Scene {
+            job,
+            etcd,
+            bed,
+            c,
+            sim,
+            rdzv,
+            dirs,
+        }
+    }
+
+    /// `criu-gpu dump --nnodes 2 --node-rank R ...` started on every node; `more[r]`: node r's
+    /// further options, `criu[r]` its CRIU options, `env[r]` its further environment.
+    pub fn dumps(
+        &self,
+        more: &[&[&str]],
+        criu: &[&[&str]],
+        env: &[&[(&str, &str)]],
+    ) -> Vec<(String, Child)> {
+        self.job
+            .iter()
+            .enumerate()
+            .map(|(r, p)| {
+                let mut args: Vec<String> = ["dump", "--nnodes", "2", "--node-rank"]
+                    .map(str::to_owned)
+                    .to_vec();
+                args.push(r.to_string());
+                args.extend(self.rdzv_args());
+                args.extend(
+                    more.get(r)
+                        .unwrap_or(&&[][..])
+                        .iter()
+                        .map(|s| s.to_string()),
+                );
+                args.push(p.root.to_string());
+                args.push(self.dirs[r].display().to_string());
+                let criu = criu.get(r).copied().unwrap_or(&[]);
+                let env = env.get(r).copied().unwrap_or(&[]);
+                let child = criu_gpu_on(&self.sim, &self.bed, &self.c, &p.node, &args, criu, env);
+                (p.node.clone(), child)
+            })
+            .collect()
+    }
+
+    /// `criu-gpu restore --nnodes 2 ...` started on every node (as `dumps`).
+    pub fn restores(&self, more: &[&[&str]], criu: &[&[&str]]) -> Vec<(String, Child)> {
+        self.job
+            .iter()
+            .enumerate()
+            .map(|(r, p)| {
+                let mut args: Vec<String> =
+                    ["restore", "--nnodes", "2"].map(str::to_owned).to_vec();
+                args.extend(self.rdzv_args());
+                args.extend(
+                    more.get(r)
+                        .unwrap_or(&&[][..])
+                        .iter()
+                        .map(|s| s.to_string()),
+                );
+                args.push(self.dirs[r].display().to_string());
+                let criu = criu.get(r).copied().unwrap_or(&[]);
+                let child = criu_gpu_on(&self.sim, &self.bed, &self.c, &p.node, &args, criu, &[]);
+                (p.node.clone(), child)
+            })
+            .collect()
+    }
+
+    fn rdzv_args(&self) -> Vec<String> {
+        vec![
+            "--rdzv".into(),
+            self.rdzv.clone(),
+            "--rdzv-timeout".into(),
+            "60".into(),
+        ]
+    }
+
+    /// Every process of the job has ended (after a dump that ends them).
+    pub fn wait_job_gone(&self) {
+        for p in &self.job {
+            for pid in &p.pids {
+                wait_gone(*pid);
+            }
+        }
+    }
+
+    /// Every rank goes on with its data.
+    pub fn assert_goes_on(&self) {
+        for p in &self.job {
+            assert!(p.rank.advances(5), "{}: {}", p.node, p.rank.tail());
+            p.rank.assert_healthy();
+        }
+    }
+}
+
+/// What a `criu-gpu` said, stdout and stderr together.
+pub fn text(o: &Output) -> String {
+    format!("{}{}", stdout(o), stderr(o))
+}
+
+/// Every node's `criu-gpu` succeeded (each output returned, for further checks).
+pub fn all_ok(running: Vec<(String, Child)>) -> Vec<String> {
+    outputs(running)
+        .iter()
+        .enumerate()
+        .map(|(r, o)| {
+            let t = text(o);
+            assert!(o.status.success(), "node {r}: {t}");
+            t
+        })
+        .collect()
+}

@@ -3,8 +3,6 @@
 //! `criu-gpu dump|restore --nnodes 2 --node-rank R --rdzv etcd://...` run inside each node with
 //! the real CRIU: dumped and restored as one, and what a failure on one node does to both.
 
-use std::path::PathBuf;
-
 use gpu_ckpt_tests::cluster::*;
 use gpu_ckpt_tests::criu::Criu;
 use gpu_ckpt_tests::*;
@@ -33,47 +31,11 @@ fn dump_args(part: &NodeJob, r: usize, rdzv: &str, dir: &std::path::Path) -> Vec
     ]
 }
 
-fn restore_args(rdzv: &str, dir: &std::path::Path) -> Vec<String> {
-    vec![
-        "restore".into(),
-        "--nnodes".into(),
-        "2".into(),
-        "--rdzv".into(),
-        rdzv.into(),
-        "--rdzv-timeout".into(),
-        "60".into(),
-        dir.display().to_string(),
-    ]
-}
-
-fn text(o: &std::process::Output) -> String {
-    format!("{}{}", stdout(o), stderr(o))
-}
-
 #[test]
 fn a_job_on_two_nodes_is_dumped_and_restored_as_one_and_goes_on() {
-    let mut sim = two_gpus();
-    let bed = Bed::up(&sim.dir, 2);
-    let etcd = Etcd::start(&bed, &sim.dir);
-    let c = Criu::new(&sim);
-    let job = start_job(&mut sim, &bed, &["--collective-ms", "5"]);
-    let rdzv = rdzv(&etcd, "train");
-    let dirs: Vec<PathBuf> = (0..2).map(|r| sim.dir.join(format!("part{r}"))).collect();
-    let running: Vec<_> = job
-        .iter()
-        .enumerate()
-        .map(|(r, p)| {
-            let args = dump_args(p, r, &rdzv, &dirs[r]);
-            (
-                p.node.clone(),
-                criu_gpu_on(&sim, &bed, &c, &p.node, &args, &[], &[]),
-            )
-        })
-        .collect();
-    let outs = outputs(running);
-    for (r, o) in outs.iter().enumerate() {
-        let t = text(o);
-        assert!(o.status.success(), "node {r}: {t}");
+    let s = Scene::up(&["--collective-ms", "5"]);
+    let texts = all_ok(s.dumps(&[], &[], &[]));
+    for (r, t) in texts.iter().enumerate() {
         for want in [
             "cluster: all 2 nodes joined",
             "every rank of the job is locked",
@@ -84,43 +46,23 @@ fn a_job_on_two_nodes_is_dumped_and_restored_as_one_and_goes_on() {
             assert!(t.contains(want), "node {r}: {want:?} missing from:\n{t}");
         }
     }
-    for p in &job {
-        for pid in &p.pids {
-            wait_gone(*pid);
-        }
-    }
+    s.wait_job_gone();
     // The parts name their job, generation and the other node.
     let inspect = std::process::Command::new(artifact("criu-gpu"))
         .arg("inspect")
-        .arg(&dirs[1])
+        .arg(&s.dirs[1])
         .output()
         .unwrap();
     let t = text(&inspect);
     assert!(
         t.contains("node 1's part (of 2) of job train, generation 1")
-            && t.contains(&format!("node 0 (n0, {})", bed.addr("n0"))),
+            && t.contains(&format!("node 0 (n0, {})", s.bed.addr("n0"))),
         "{t}"
     );
-    let running: Vec<_> = job
-        .iter()
-        .enumerate()
-        .map(|(r, p)| {
-            let args = restore_args(&rdzv, &dirs[r]);
-            (
-                p.node.clone(),
-                criu_gpu_on(&sim, &bed, &c, &p.node, &args, &[], &[]),
-            )
-        })
-        .collect();
-    for (r, o) in outputs(running).iter().enumerate() {
-        let t = text(o);
-        assert!(o.status.success(), "node {r}: {t}");
+    for t in all_ok(s.restores(&[], &[])) {
         assert!(t.contains("cluster: every node passed post-restore"), "{t}");
     }
-    for p in &job {
-        assert!(p.rank.advances(5), "{}", p.rank.tail());
-        p.rank.assert_healthy();
-    }
+    s.assert_goes_on();
 }
 
 /// The pid of the `criu dump` writing into `dir`.
@@ -141,60 +83,57 @@ fn log_has(path: &std::path::Path, what: &str) -> bool {
     std::fs::read_to_string(path).is_ok_and(|t| t.contains(what))
 }
 
-/// Both nodes' dumps started; `interrupt` runs once node 1's ranks are locked with node 0's
-/// (their checkpoint slowed down so that it is mid-dump); both dumps must fail and every rank
-/// go on with its data.
-fn interrupted_dump(interrupt: impl FnOnce(&Sim, &mut Etcd, &[PathBuf])) -> Vec<String> {
-    let mut sim = two_gpus();
-    let bed = Bed::up(&sim.dir, 2);
-    let mut etcd = Etcd::start(&bed, &sim.dir);
-    let c = Criu::new(&sim);
-    let job = start_job(&mut sim, &bed, &["--collective-ms", "5"]);
-    let rdzv = rdzv(&etcd, "train");
-    let dirs: Vec<PathBuf> = (0..2).map(|r| sim.dir.join(format!("part{r}"))).collect();
-    let slow = [("CUDA_SIM_FAULT", "checkpoint=delay:3000")];
-    let running: Vec<_> = job
-        .iter()
-        .enumerate()
-        .map(|(r, p)| {
-            let args = dump_args(p, r, &rdzv, &dirs[r]);
-            (
-                p.node.clone(),
-                criu_gpu_on(&sim, &bed, &c, &p.node, &args, &[], &slow),
-            )
-        })
-        .collect();
+/// Both nodes' dumps started, node 1's ranks locked with node 0's (their checkpoint slowed down
+/// so that it is mid-dump), then `interrupt`; both dumps must fail. The scene and what each
+/// node's `criu-gpu` said.
+fn interrupted_dump(interrupt: impl FnOnce(&mut Scene)) -> (Scene, Vec<String>) {
     let locked = "locked 1 CUDA processes at once, with the job's other nodes";
+    let slow: &[(&str, &str)] = &[("CUDA_SIM_FAULT", "checkpoint=delay:3000")];
+    interrupted_at(locked, &[slow, slow], interrupt)
+}
+
+/// Both nodes' dumps started (`env`: each node's further environment); `interrupt` once both
+/// dump logs show `when`; both dumps must fail.
+fn interrupted_at(
+    when: &str,
+    env: &[&[(&str, &str)]],
+    interrupt: impl FnOnce(&mut Scene),
+) -> (Scene, Vec<String>) {
+    let mut s = Scene::up(&["--collective-ms", "5"]);
+    let running = s.dumps(&[], &[], env);
     assert!(
-        wait_until(Duration::from_secs(60), || dirs
+        wait_until(Duration::from_secs(60), || s
+            .dirs
             .iter()
-            .all(|d| log_has(&d.join("dump.log"), locked))),
-        "both nodes locked"
+            .all(|d| log_has(&d.join("dump.log"), when))),
+        "both dump logs show {when:?}"
     );
-    interrupt(&sim, &mut etcd, &dirs);
+    interrupt(&mut s);
     let outs = outputs(running);
     let texts: Vec<String> = outs.iter().map(text).collect();
     for (r, o) in outs.iter().enumerate() {
         assert!(!o.status.success(), "node {r} must fail: {}", texts[r]);
     }
-    for p in &job {
+    (s, texts)
+}
+
+/// After a failed dump every rank of both nodes is alive and goes on with its data.
+fn all_go_on(s: &Scene) {
+    for p in &s.job {
         for pid in &p.pids {
             assert!(pid_alive(*pid), "{} of {} is alive", pid, p.node);
         }
     }
-    for p in &job {
-        assert!(p.rank.advances(5), "{}", p.rank.tail());
-        p.rank.assert_healthy();
-    }
-    texts
+    s.assert_goes_on();
 }
 
 #[test]
 fn a_nodes_criu_killed_mid_dump_leaves_every_rank_of_both_nodes_running() {
-    let texts = interrupted_dump(|_, _, dirs| {
-        let pid = criu_of(&dirs[1]).expect("node 1's criu");
+    let (s, texts) = interrupted_dump(|s| {
+        let pid = criu_of(&s.dirs[1]).expect("node 1's criu");
         signal(pid, nix::sys::signal::Signal::SIGKILL);
     });
+    all_go_on(&s);
     assert!(texts[1].contains("criu dump failed"), "{}", texts[1]);
     assert!(
         texts[0].contains("node 1: criu dump failed") || texts[0].contains("node 1 went away"),
@@ -205,7 +144,8 @@ fn a_nodes_criu_killed_mid_dump_leaves_every_rank_of_both_nodes_running() {
 
 #[test]
 fn etcd_stopped_mid_dump_leaves_every_rank_of_both_nodes_running() {
-    let texts = interrupted_dump(|_, etcd, _| etcd.stop());
+    let (s, texts) = interrupted_dump(|s| s.etcd.stop());
+    all_go_on(&s);
     for t in &texts {
         assert!(
             t.contains("did not all reach post-dump") || t.contains("etcd at"),
@@ -287,4 +227,46 @@ fn a_node_count_that_does_not_match_and_a_second_dump_are_refused_by_the_preflig
         assert!(p.rank.advances(3), "{}", p.rank.tail());
     }
     assert!(!d("b").join("dump.log").exists() && !d("c").join("dump.log").exists());
+}
+
+#[test]
+fn a_rank_killed_mid_dump_fails_both_dumps_and_leaves_no_gpu_locked() {
+    // Node 1's rank dies as its lock rounds begin (its lock slowed, within the round's limit, so
+    // that this is well before CRIU seizes the tasks: a rank killed once seized dies with its
+    // state already in the dump, and the dump is whole).
+    let slow: &[(&str, &str)] = &[("CUDA_SIM_FAULT", "lock=delay:150")];
+    let (s, texts) = interrupted_at("Dumping processes", &[&[], slow], |s| {
+        let n1 = &s.job[1];
+        let rank = n1
+            .pids
+            .iter()
+            .find(|p| **p != n1.root)
+            .expect("node 1's rank");
+        signal(*rank, nix::sys::signal::Signal::SIGKILL);
+    });
+    // Node 1 names its rank's end (or CRIU's failure on it); node 0's rank, its ring peer
+    // gone, ends by itself as an NCCL rank would, or is put back and runs.
+    assert!(
+        texts[1].contains("ended during the dump") || texts[1].contains("criu dump failed"),
+        "{}",
+        texts[1]
+    );
+    // A part without its rank is never voted complete (CRIU dumps the tree as it finds it: a
+    // rank gone before the seize is simply not in it).
+    assert!(!texts[1].contains("node 1 at post-dump"), "{}", texts[1]);
+    // No process of the job is left locked or checkpointed on either GPU: node 0's rank was put
+    // back and runs (until it finds its peer gone, as NCCL's would).
+    for n in &s.job {
+        let list = s.sim.ctl_json(&["--list", "--tree", &n.root.to_string()]);
+        for p in list["processes"].as_array().unwrap() {
+            let st = p["state"].as_str().unwrap_or_default();
+            assert!(st != "locked" && st != "checkpointed", "{}: {p}", n.node);
+        }
+    }
+    let n0 = &s.job[0];
+    let rank0 = *n0.pids.iter().find(|p| **p != n0.root).unwrap();
+    if pid_alive(rank0) {
+        let st = s.sim.state(rank0);
+        assert!(st == "running" || !pid_alive(rank0), "node 0's rank: {st}");
+    }
 }

@@ -12,6 +12,7 @@ use super::op::{Kind, NodeInfo, Op};
 use super::part::{Node, Part};
 use super::serve::Server;
 use super::store::Store;
+use super::watch::{self, Watch};
 use super::{addresses, hostname, Across, ClusterError};
 use crate::job::plan::Plan;
 use crate::job::{self, JobError, Outcome, Request};
@@ -114,6 +115,9 @@ fn dump_in(
         what: "serving the plugin's lock rounds on a unix socket".into(),
         source,
     })?;
+    let members = watch::members(facts);
+    op.hold_members(members.clone());
+    let _watch = Watch::start(op.clone(), members);
     let env = vec![(
         criu_gpu_image::cluster::SETTING.to_owned(),
         server.path.display().to_string(),

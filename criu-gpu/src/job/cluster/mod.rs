@@ -15,6 +15,7 @@ pub mod part;
 pub mod restore;
 pub mod serve;
 pub mod store;
+pub mod watch;
 
 use std::time::Duration;
 

@@ -10,6 +10,7 @@
 //! - `ops/GEN/commit` or `ops/GEN/abort`: the one decision (each written only if the other is
 //!   not there).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use cuda_checkpoint_ctl::ops::rounds::{Jitter, Next, Outcome, Policy, PAUSE};
 use serde::{Deserialize, Serialize};
 
 use super::store::{Keys, Store};
+use super::watch::{self, Member};
 use super::{ClusterError, Rdzv};
 use crate::out;
 
@@ -84,6 +86,10 @@ pub struct Op {
     prefix: String,
     /// The lock rounds' policy, fed the same outcomes on every node.
     policy: Mutex<Option<Policy>>,
+    /// This node's processes, which must all be there when it votes at post-dump.
+    members: Mutex<Vec<Member>>,
+    /// A commit or an abort was seen.
+    decided: AtomicBool,
 }
 
 fn json<T: Serialize>(t: &T) -> Vec<u8> {
@@ -144,6 +150,8 @@ impl Op {
             rank,
             prefix,
             policy: Mutex::new(None),
+            members: Mutex::new(Vec::new()),
+            decided: AtomicBool::new(false),
         })
     }
 
@@ -182,8 +190,19 @@ impl Op {
         }
     }
 
+    /// This node's processes: a dump is voted complete only while all of them are there.
+    pub fn hold_members(&self, members: Vec<Member>) {
+        *self.members.lock().unwrap_or_else(|e| e.into_inner()) = members;
+    }
+
+    /// A commit or an abort was seen: the operation's outcome is settled.
+    pub fn decided(&self) -> bool {
+        self.decided.load(Ordering::Relaxed)
+    }
+
     /// Records that the operation cannot go on (the first reason wins; nothing after a commit).
     pub fn abort(&self, why: &str) {
+        self.decided.store(true, Ordering::Relaxed);
         let key = format!("{}abort", self.prefix);
         let commit = format!("{}commit", self.prefix);
         let a = Abort {
@@ -316,6 +335,17 @@ impl Op {
             "post-restore" => "restored",
             other => return Err(format!("no barrier at {other}")),
         };
+        if stage == "post-dump" {
+            let members = self
+                .members
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(why) = watch::gone(&members) {
+                self.abort(&format!("node {}: {why}", self.rank));
+                return Err(why);
+            }
+        }
         self.store
             .put(&format!("{}{name}/{}", self.prefix, self.rank), b"1", false)
             .map_err(|e| e.to_string())?;
@@ -371,7 +401,10 @@ impl Op {
         let key = format!("{}commit", self.prefix);
         let abort = format!("{}abort", self.prefix);
         match self.store.put_if_absent(&key, b"1", &[&abort], false) {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                self.decided.store(true, Ordering::Relaxed);
+                Ok(())
+            }
             Ok(false) => {
                 let (keys, _) = self.store.keys(&self.prefix).map_err(|e| e.to_string())?;
                 Err(aborted(&keys).unwrap_or_else(|| "the dump was stopped".into()))
