@@ -133,7 +133,8 @@ pub struct NodeJob {
     pub rank: App,
 }
 
-/// The job: one rank per node, node 0's store at its address.
+/// The job: one rank per node, node 0's store at its address (in `more`, `{node}` is the node's
+/// name and `{dir}` the scratch directory).
 pub fn start_job(sim: &mut Sim, bed: &Bed, more: &[&str]) -> Vec<NodeJob> {
     let n = bed.nodes.len() - 1;
     let master = format!("{}:{}", bed.addr("n0"), 29400 + bed.subnet as u16);
@@ -148,7 +149,10 @@ pub fn start_job(sim: &mut Sim, bed: &Bed, more: &[&str]) -> Vec<NodeJob> {
             .args(["--log", log.to_str().unwrap(), "--ranks", "1", "--mib", "8"])
             .args(["--shm-mib", "4", "--nnodes", &nn, "--node-rank", &rr])
             .args(["--master", &master, "--device", &rr, "--interval-ms", "50"])
-            .args(more)
+            .args(more.iter().map(|a| {
+                a.replace("{node}", &node)
+                    .replace("{dir}", &sim.dir.display().to_string())
+            }))
             .envs(sim.env())
             .envs(
                 NCCL_SOCKETS_ONLY

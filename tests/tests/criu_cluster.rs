@@ -40,6 +40,7 @@ fn a_job_on_two_nodes_is_dumped_and_restored_as_one_and_goes_on() {
             "cluster: all 2 nodes joined",
             "every rank of the job is locked",
             "cluster: every node passed post-dump",
+            "cluster: phases: node 0 at post-dump | node 1 at post-dump",
             "GPU: locked 1 CUDA processes at once, with the job's other nodes",
             "dumped node",
         ] {

@@ -12,6 +12,7 @@
 pub mod dump;
 pub mod op;
 pub mod part;
+pub mod phase;
 pub mod restore;
 pub mod serve;
 pub mod store;

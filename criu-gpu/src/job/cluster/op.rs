@@ -18,6 +18,7 @@ use criu_gpu_image::cluster::{Answer, Report};
 use cuda_checkpoint_ctl::ops::rounds::{Jitter, Next, Outcome, Policy, PAUSE};
 use serde::{Deserialize, Serialize};
 
+use super::phase::{self, Phases};
 use super::store::{Keys, Store};
 use super::watch::{self, Member};
 use super::{ClusterError, Rdzv};
@@ -90,6 +91,7 @@ pub struct Op {
     members: Mutex<Vec<Member>>,
     /// A commit or an abort was seen.
     decided: AtomicBool,
+    phases: Phases,
 }
 
 fn json<T: Serialize>(t: &T) -> Vec<u8> {
@@ -141,6 +143,7 @@ impl Op {
             open.gen,
             store.endpoints()
         ));
+        let _ = store.put(&format!("{prefix}{}", phase::key(rank)), b"joined", true);
         Ok(Op {
             store,
             job: rdzv.job.clone(),
@@ -152,6 +155,7 @@ impl Op {
             policy: Mutex::new(None),
             members: Mutex::new(Vec::new()),
             decided: AtomicBool::new(false),
+            phases: Phases::default(),
         })
     }
 
@@ -160,6 +164,7 @@ impl Op {
     pub fn exchange(&self, limit: Duration) -> Result<Vec<NodeInfo>, ClusterError> {
         let n = self.nnodes;
         let got = self.store.wait(&self.prefix, limit, |keys| {
+            self.phases.show(keys, n);
             if let Some(a) = aborted(keys) {
                 return Some(Err(a));
             }
@@ -198,6 +203,15 @@ impl Op {
     /// A commit or an abort was seen: the operation's outcome is settled.
     pub fn decided(&self) -> bool {
         self.decided.load(Ordering::Relaxed)
+    }
+
+    /// Tells the other nodes which phase this node is in (shown in their progress).
+    pub fn phase(&self, what: &str) {
+        let _ = self.store.put(
+            &format!("{}{}", self.prefix, phase::key(self.rank)),
+            what.as_bytes(),
+            true,
+        );
     }
 
     /// Records that the operation cannot go on (the first reason wins; nothing after a commit).
@@ -239,6 +253,10 @@ impl Op {
 
     fn decide_round(&self, report: &Report) -> Result<Next, String> {
         let k = report.round;
+        self.phase(&match k {
+            0 => "starting the lock rounds".to_owned(),
+            k => format!("lock round {k}"),
+        });
         let dir = format!("{}round/{k}/", self.prefix);
         self.store
             .put(&format!("{dir}{}", self.rank), &json(report), false)
@@ -248,6 +266,7 @@ impl Op {
         let all = self
             .store
             .wait(&self.prefix, limit, |keys| {
+                self.phases.show(keys, n);
                 if let Some(a) = aborted(keys) {
                     return Some(Err(a));
                 }
@@ -346,6 +365,7 @@ impl Op {
                 return Err(why);
             }
         }
+        self.phase(&format!("at {stage}"));
         self.store
             .put(&format!("{}{name}/{}", self.prefix, self.rank), b"1", false)
             .map_err(|e| e.to_string())?;
@@ -357,6 +377,7 @@ impl Op {
         let got = self
             .store
             .wait(&self.prefix, limit, |keys| {
+                self.phases.show(keys, n);
                 if keys.contains_key("commit") {
                     return Some(Ok(()));
                 }
@@ -386,7 +407,10 @@ impl Op {
             Err(e) => Err(e),
         };
         match &result {
-            Ok(()) => out::line(format!("cluster: every node passed {stage}")),
+            Ok(()) => {
+                self.phase(&format!("past {stage}"));
+                out::line(format!("cluster: every node passed {stage}"))
+            }
             Err(why) => {
                 out::line(format!("cluster: the job cannot pass {stage}: {why}"));
                 self.abort(why);
