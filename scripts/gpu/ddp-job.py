@@ -18,6 +18,8 @@ script out.
 
   python3 ddp-job.py --spawn 2 OUT [--steps N] [--sleep S] [--ballast GIB] [--port P] [...]
   torchrun --standalone --nproc-per-node 2 ddp-job.py OUT [...]   (rank from the environment)
+  torchrun --nnodes 2 --node-rank R --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint H:P \
+      ddp-job.py OUT [...]                           (one launch per node: scripts/gpu/multinode.sh)
 """
 import argparse
 import hashlib
@@ -79,7 +81,9 @@ def model_of(kind):
 def train(rank, world, a):
     deterministic()
     if a.device == "cuda":
-        ordinal = rank % a.gpus if a.gpus else rank
+        # Across nodes (torchrun --nnodes) the GPU is the node's own: the local rank's.
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        ordinal = rank % a.gpus if a.gpus else local
         torch.cuda.set_device(ordinal)
         dev = torch.device("cuda", ordinal)
         backend, kw = "nccl", {"device_id": dev}
@@ -157,7 +161,8 @@ def main():
     if a.spawn:
         mp.spawn(train, args=(a.spawn, a), nprocs=a.spawn, join=True)
     else:
-        train(int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]), a)
+        # The global rank: across nodes each node's first worker has LOCAL_RANK 0.
+        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), a)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@
 
 use std::sync::Arc;
 
+use super::liveness::{self, IfFailed};
 use super::op::{Kind, NodeInfo, Op};
 use super::part::{Node, Part};
 use super::serve::Server;
 use super::store::Store;
+use super::torchrun;
 use super::watch::{self, Watch};
 use super::{addresses, hostname, Across, ClusterError};
 use crate::job::plan::Plan;
@@ -106,7 +108,13 @@ fn dump_in(
     let nodes = op.exchange(across.timeout)?;
     refuse_any(&nodes, plan)?;
     let criu = job::criu(r)?;
-    let args = job::dump_args(pid, leave_running, r, plan)?;
+    // A snapshot of a torchrun job stays stopped until its rendezvous heartbeats are fresh.
+    let agents = torchrun::agents(&facts.members.iter().map(|m| m.pid).collect::<Vec<_>>());
+    let hold = leave_running && !agents.is_empty();
+    let mut args = job::dump_args(pid, leave_running && !hold, r, plan)?;
+    if hold {
+        args.push("--leave-stopped".into());
+    }
     let command = job::full_command(&criu, &args);
     if r.dry_run {
         return Ok(job::would_run(command, plan.clone()));
@@ -132,9 +140,20 @@ fn dump_in(
         nodes: nodes.iter().map(Node::from).collect(),
         leave_running,
         dumped_at: job::now(),
+        agents: agents.clone(),
     }
     .write(&r.dir)?;
-    if !leave_running && plan.dump_args().iter().any(|a| a == "--network-lock") {
+    let locked = plan.dump_args().iter().any(|a| a == "--network-lock");
+    if hold {
+        let tree: Vec<i32> = facts.members.iter().map(|m| m.pid).collect();
+        let release = || {
+            if locked {
+                job::release_network_lock(&r.dir)
+            }
+        };
+        liveness::resume(op, &agents, &tree, across.timeout, IfFailed::GoOn, release)
+            .map_err(ClusterError::Part)?;
+    } else if !leave_running && locked {
         job::release_network_lock(&r.dir);
     }
     job::say_files_recorded(&r.dir);

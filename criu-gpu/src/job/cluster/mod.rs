@@ -10,12 +10,15 @@
 //! docs/design.md.
 
 pub mod dump;
+pub mod hold;
+pub mod liveness;
 pub mod op;
 pub mod part;
 pub mod phase;
 pub mod restore;
 pub mod serve;
 pub mod store;
+pub mod torchrun;
 pub mod watch;
 
 use std::time::Duration;

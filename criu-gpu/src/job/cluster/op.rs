@@ -214,19 +214,27 @@ impl Op {
         );
     }
 
-    /// Records that the operation cannot go on (the first reason wins; nothing after a commit).
+    /// Records that the operation cannot go on (the first reason wins). Before the commit it is
+    /// the abort; after it (a restore's steps past post-restore) a failure of those steps.
     pub fn abort(&self, why: &str) {
         self.decided.store(true, Ordering::Relaxed);
         let key = format!("{}abort", self.prefix);
         let commit = format!("{}commit", self.prefix);
+        let failed = format!("{}failed", self.prefix);
         let a = Abort {
             rank: self.rank,
             why: why.to_owned(),
         };
-        match self
+        let put = self
             .store
             .put_if_absent(&key, &json(&a), &[&key, &commit], false)
-        {
+            .and_then(|done| match done {
+                true => Ok(true),
+                false => self
+                    .store
+                    .put_if_absent(&failed, &json(&a), &[&key, &failed], false),
+            });
+        match put {
             Ok(true) => out::line(format!(
                 "cluster: stopped the job's {}: {why}",
                 self.kind.word()
@@ -365,6 +373,24 @@ impl Op {
                 return Err(why);
             }
         }
+        self.arrive(name, stage, limit, true)
+    }
+
+    /// A barrier after the decision (`stage` in words, `name` its key): every node there, or
+    /// an abort, or a node gone; at most `limit`.
+    pub fn meet(&self, name: &str, stage: &str, limit: Duration) -> Result<(), String> {
+        self.arrive(name, stage, limit, false)
+    }
+
+    /// This node at the barrier `name`; waits for every node. A `deciding` barrier is passed
+    /// by the commit (a node that comes after it passes at once) and commits.
+    fn arrive(
+        &self,
+        name: &str,
+        stage: &str,
+        limit: Duration,
+        deciding: bool,
+    ) -> Result<(), String> {
         self.phase(&format!("at {stage}"));
         self.store
             .put(&format!("{}{name}/{}", self.prefix, self.rank), b"1", false)
@@ -378,7 +404,7 @@ impl Op {
             .store
             .wait(&self.prefix, limit, |keys| {
                 self.phases.show(keys, n);
-                if keys.contains_key("commit") {
+                if deciding && keys.contains_key("commit") {
                     return Some(Ok(()));
                 }
                 if let Some(a) = aborted(keys) {
@@ -398,8 +424,8 @@ impl Op {
             })
             .map_err(|e| e.to_string());
         let result = match got {
-            Ok(Some(Ok(()))) => self.commit(stage),
-            Ok(Some(Err(why))) => Err(why),
+            Ok(Some(Ok(()))) if deciding => self.commit(stage),
+            Ok(Some(r)) => r,
             Ok(None) => Err(format!(
                 "not every node reached {stage} within {} s",
                 limit.as_secs()
@@ -454,8 +480,9 @@ fn nodes(keys: &Keys) -> Vec<NodeInfo> {
         .collect()
 }
 
+/// The abort, or a failure after the commit.
 fn aborted(keys: &Keys) -> Option<String> {
-    let a = parse::<Abort>(keys.get("abort")?)?;
+    let a = parse::<Abort>(keys.get("abort").or_else(|| keys.get("failed"))?)?;
     Some(format!("node {}: {}", a.rank, a.why))
 }
 

@@ -8,6 +8,7 @@ use criu_gpu_image::record::{self, RecordError};
 use serde::{Deserialize, Serialize};
 
 use super::op::NodeInfo;
+use super::torchrun::Agent;
 
 pub const FILE: &str = "criu-gpu-cluster.json";
 const FORMAT: &str = "criu-gpu/cluster-part";
@@ -43,6 +44,10 @@ pub struct Part {
     pub leave_running: bool,
     /// Seconds since the epoch.
     pub dumped_at: u64,
+    /// This node's torchrun agents of a dynamic rendezvous, whose heartbeats a restore makes
+    /// fresh before they run (torchrun.rs).
+    #[serde(default)]
+    pub agents: Vec<Agent>,
 }
 
 impl Part {
@@ -101,6 +106,7 @@ mod tests {
             ],
             leave_running: false,
             dumped_at: 1,
+            agents: Vec::new(),
         };
         p.write(dir.path()).unwrap();
         assert_eq!(Part::read(dir.path()).unwrap(), Some(p.clone()));

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use super::liveness::{self, IfFailed};
 use super::op::{Kind, NodeInfo, Op};
 use super::part::Part;
 use super::serve::Server;
@@ -135,6 +136,10 @@ fn restore_in(
         .into());
     }
     let mut args = job::restore_args(rec, r);
+    // A torchrun job stays stopped until its rendezvous heartbeats are fresh (liveness.rs).
+    if !part.agents.is_empty() {
+        args.push("--leave-stopped".into());
+    }
     let me = std::env::current_exe().map_err(|source| JobError::Io {
         what: "finding criu-gpu's own path for CRIU's action script".into(),
         source,
@@ -157,6 +162,18 @@ fn restore_in(
         server.path.display().to_string(),
     ));
     let ran = job::run_restore(criu, &args, &env, &command, &r.dir)?;
+    if !part.agents.is_empty() {
+        let tree: Vec<i32> = rec.members.iter().map(|m| m.0).collect();
+        liveness::resume(
+            op,
+            &part.agents,
+            &tree,
+            across.timeout,
+            IfFailed::End,
+            || {},
+        )
+        .map_err(ClusterError::Part)?;
+    }
     let root = std::fs::read_to_string(r.dir.join("restore.pid"))
         .ok()
         .and_then(|t| t.trim().parse().ok());
