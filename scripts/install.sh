@@ -27,6 +27,8 @@
 #   protobuf-compiler, etcd-server     (Debian packages: etcd's client is generated at build
 #                                       time; jobs across machines meet in etcd, and the tests
 #                                       run a real one)
+#   openmpi-bin, libopenmpi-dev        (Debian packages: the tests run an Open MPI job across
+#                                       two namespace nodes)
 #   the tests' tools                   (Debian packages: shellcheck lints the scripts, mmdebstrap
 #                                       makes the fresh root the packages are installed into)
 #   /usr/local/lib/criu-gpu/sim/       the simulated driver (libcuda.so.1, libnvidia-ml.so.1),
@@ -68,6 +70,8 @@ say "protoc (etcd's client is generated at build time), etcd (the tests run a re
 export DEBIAN_FRONTEND=noninteractive
 command -v protoc >/dev/null || apt-get install -y -qq --no-install-recommends protobuf-compiler >/dev/null
 command -v etcd >/dev/null || apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+say "Open MPI (the tests run an MPI job across two namespace nodes)"
+command -v mpicc >/dev/null || apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
 say "shellcheck, mmdebstrap (the tests lint the scripts, install the packages into a fresh root)"
 for tool in shellcheck mmdebstrap; do
 	command -v $tool >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $tool >/dev/null

@@ -19,6 +19,7 @@ pub mod kube;
 pub mod memcg;
 pub mod netbed;
 pub mod podman;
+pub mod rsh;
 
 /// A container root file system holding the test application, the simulated driver and the C
 /// libraries they need, as a tar under `scratch`. No registry is involved.

@@ -3,12 +3,12 @@
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
-use gpu_ckpt_tests::netbed;
+use gpu_ckpt_tests::{netbed, rsh};
 
 fn usage() -> ! {
     eprintln!(
         "usage: netbed up DIR NAME=A.B.C.D/N... | exec DIR NAME -- CMD... | addr DIR NAME \
-         A.B.C.D/N | down DIR | hold DIR NAME"
+         A.B.C.D/N | down DIR | hold DIR NAME | rshd DIR NAME PORT | rsh HOST:PORT CMD..."
     );
     std::process::exit(2)
 }
@@ -48,6 +48,15 @@ fn main() {
                 .and_then(Err)
         }
         Some("down") => std::fs::remove_dir_all(&dir),
+        Some("rshd") => {
+            let port = args
+                .get(4)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| usage());
+            rsh::serve(&dir, args.get(3).unwrap_or_else(|| usage()), port)
+        }
+        // `netbed rsh HOST:PORT CMD...` (the second word is the address, not a directory).
+        Some("rsh") if args.len() > 3 => rsh::run(&args[2], &args[3..]),
         _ => usage(),
     };
     if let Err(e) = result {
