@@ -294,20 +294,31 @@ part_gap() {
 	stop_job
 }
 
-# interrupted NAME WHAT: both nodes dump; once both locked, WHAT runs; both must fail and the
-# job go on to its end equal to ref
+# interrupted NAME WHAT: both nodes dump; once node B's ranks are locked (on the simulated GPU,
+# where the CPU job locks nothing: once node B's CRIU is at its pre-dump action, held there
+# 5 s), WHAT runs; both dumps must fail and the job go on to its end equal to ref
 interrupted() {
-	local name=$1 what=$2 r pids=()
+	local name=$1 what=$2 r pids=() mark hold=() a
 	[ -d "$W/ref" ] || { fail "$name: no reference"; return; }
 	start "$name"
 	wait_step "$DIR" 100 240 || { fail "$name: no step 100"; stop_job; return; }
-	rm -rf "$W/img-$name"-*
+	rm -rf "$W/img-$name"-* "$W/at-pre-dump"
+	mark="grep -q 'criu_gpu: locked' $W/img-$name-1/dump.log"
+	if [ $sim = 1 ]; then
+		# shellcheck disable=SC2016 # the script's own variable
+		printf '#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" = pre-dump ] && { touch %s; sleep 5; }\nexit 0\n' "$W/at-pre-dump" >"$W/pre-dump.sh"
+		chmod +x "$W/pre-dump.sh"
+		hold=(--action-script "$W/pre-dump.sh")
+		mark="test -e $W/at-pre-dump"
+	fi
 	for r in 0 1; do
+		a=()
+		[ $r = 1 ] && a=("${hold[@]}")
 		on "n$r" "$CRIU_GPU" dump --nnodes 2 --node-rank "$r" --rdzv "$RDZV/$name" "${AGENT[$r]}" "$W/img-$name-$r" \
-			--criu "$CRIU" -- --lib "$PLUG" >"$OUT/$name.dump.$r" 2>&1 &
+			--criu "$CRIU" -- --lib "$PLUG" "${a[@]}" >"$OUT/$name.dump.$r" 2>&1 &
 		pids+=($!)
 	done
-	for _ in $(seq 600); do grep -q 'criu_gpu: locked' "$W/img-$name-1/dump.log" 2>/dev/null && break; sleep 0.05; done
+	for _ in $(seq 600); do bash -c "$mark" 2>/dev/null && break; sleep 0.05; done
 	$what
 	wait "${pids[0]}"; RC[0]=$?
 	wait "${pids[1]}"; RC[1]=$?
@@ -341,7 +352,8 @@ part_one-node() {
 	local i pids next
 	log "== the same job, two ranks on node A, $CYCLES_ONE dumps: the one-node baseline"
 	DIR=$W/one && rm -rf "$DIR" && mkdir -p "$DIR"
-	"$NETBED" exec "$BED" n0 -- env CUDA_VISIBLE_DEVICES=0,1 setsid "$TORCHRUN" --standalone --nproc-per-node 2 "$JOB" "$DIR" --steps "$STEPS" \
+	"$NETBED" exec "$BED" n0 -- env CUDA_VISIBLE_DEVICES=0,1 setsid "$TORCHRUN" --standalone --nproc-per-node 2 \
+		--local-addr "${ADDR[0]}" "$JOB" "$DIR" --steps "$STEPS" \
 		--sleep 0 --model "$MODEL" --log-every 10 --ballast "$BALLAST" --device "$DEVICE" </dev/null >"$DIR/stdout0" 2>&1 &
 	AGENT[0]=$!
 	printf '%-5s %-6s %-8s %-9s %s\n' cycle step dump_s restore_s lock >"$OUT/one-node.tsv"

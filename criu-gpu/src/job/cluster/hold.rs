@@ -14,6 +14,11 @@ fn is_store_thread(comm: &str) -> bool {
     comm.starts_with("pt_tcpstore")
 }
 
+/// `pid` runs a TCPStore server (the rendezvous' store is served by it).
+pub fn has_store_thread(pid: i32) -> bool {
+    threads(pid).iter().any(|(_, comm)| is_store_thread(comm))
+}
+
 /// Threads of one process held in a trace stop.
 pub struct Hold {
     held: Vec<Pid>,

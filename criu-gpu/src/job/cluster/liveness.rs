@@ -14,7 +14,6 @@ use nix::unistd::Pid;
 use super::hold::Hold;
 use super::op::Op;
 use super::torchrun::{Agent, Refresher};
-use super::{addresses, hostname};
 use crate::out;
 
 /// What becomes of this node's stopped processes if the job cannot go on.
@@ -76,13 +75,31 @@ fn refresh(agent: &Agent) -> Result<(), String> {
     Ok(())
 }
 
-/// The agent serves its rendezvous store on this node: the endpoint is one of this node's
-/// addresses, a loopback address, or this node's name.
+/// The agent serves its rendezvous store on this node: it runs a TCPStore's threads and this
+/// node listens on the rendezvous port (whatever address the node has now: a part restored on
+/// another address keeps its old endpoint on its command line).
 fn serves_here(agent: &Agent) -> bool {
-    match agent.host.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip.is_loopback() || addresses().contains(&ip),
-        Err(_) => agent.host == "localhost" || agent.host == hostname(),
-    }
+    super::hold::has_store_thread(agent.pid) && listens(agent.pid, agent.port)
+}
+
+/// A TCP socket of `pid`'s network namespace listens on `port`.
+fn listens(pid: i32, port: u16) -> bool {
+    ["tcp", "tcp6"].iter().any(|t| {
+        std::fs::read_to_string(format!("/proc/{pid}/net/{t}"))
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                // local_address "ADDR:PORT" (hex), st 0A: LISTEN.
+                f.len() > 3
+                    && f[3] == "0A"
+                    && f[1]
+                        .rsplit_once(':')
+                        .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+                        == Some(port)
+            })
+    })
 }
 
 fn signal_all(pids: &[i32], sig: Signal) {
