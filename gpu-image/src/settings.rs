@@ -88,6 +88,10 @@ pub const KEYS: &[(&str, &str)] = &[
         "restore of ROCm processes: 0 lets GPUs that shared a NUMA node at the dump be placed on different ones",
     ),
     (
+        "CRIU_GPU_ADDRESS_MAP",
+        "restore on other addresses: OLD=NEW[,...]; both ends of every TCP socket are moved (needs CRIU's UPDATE_INETSK hook: the project's CRIU, patch 0010; set by criu-gpu restore --address-map or across nodes)",
+    ),
+    (
         "CRIU_GPU_CLUSTER",
         "a job across machines (set by criu-gpu dump --nnodes): the unix socket of this node's criu-gpu, which decides every lock round with the other nodes",
     ),

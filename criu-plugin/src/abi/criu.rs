@@ -17,6 +17,7 @@ pub(super) type GetImageDir = unsafe extern "C" fn() -> c_int;
 pub(super) type DeferPages =
     unsafe extern "C" fn(c_int, std::ffi::c_ulong, std::ffi::c_ulong) -> c_int;
 pub(super) type DumpsIoUring = unsafe extern "C" fn() -> c_int;
+pub(super) type MaxHooks = unsafe extern "C" fn() -> c_uint;
 
 // What the plugin reads of CRIU's data, at fixed places (LP64). Each is checked against the
 // pinned CRIU's headers by the test in layout.rs.
@@ -46,6 +47,8 @@ struct Symbols {
     criu_defer_pages: Option<DeferPages>,
     /// The project's CRIU only (patch 0008).
     criu_dumps_io_uring: Option<DumpsIoUring>,
+    /// The project's CRIU only (patch 0010).
+    criu_plugin_max_hooks: Option<MaxHooks>,
     /// `struct cr_options opts`; `final_state` is its first field in every CRIU release.
     opts: Option<usize>,
     /// `struct pstree_item *root_item`, set before plugins are initialised on dump.
@@ -85,6 +88,8 @@ fn symbols() -> &'static Symbols {
                     .map(|p| std::mem::transmute::<*mut c_void, DeferPages>(p)),
                 criu_dumps_io_uring: lookup("criu_dumps_io_uring")
                     .map(|p| std::mem::transmute::<*mut c_void, DumpsIoUring>(p)),
+                criu_plugin_max_hooks: lookup("criu_plugin_max_hooks")
+                    .map(|p| std::mem::transmute::<*mut c_void, MaxHooks>(p)),
                 opts: lookup("opts").map(|p| p as usize),
                 root_item: lookup("root_item").map(|p| p as usize),
                 criu_run_id: lookup("criu_run_id").map(|p| p as usize),
@@ -154,6 +159,14 @@ pub fn dumps_io_uring() -> bool {
         Some(f) => (unsafe { f() }) == 1,
         None => false,
     }
+}
+
+/// How many hook slots this CRIU reads (its CR_PLUGIN_HOOK__MAX: the project's CRIU, patch
+/// 0010, says so); `None` when it does not say (stock CRIU, which has fewer than 16).
+pub fn plugin_max_hooks() -> Option<c_uint> {
+    let f = symbols().criu_plugin_max_hooks?;
+    // SAFETY: the patch's function takes nothing and returns an unsigned int.
+    Some(unsafe { f() })
 }
 
 /// This CRIU run's id (a UUID), which names its nftables network lock.

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::criu::*;
-use super::{hook, PluginDesc, ENOTSUP, MAX_HOOKS, PLUGIN_VERSION};
+use super::{hook, PluginDesc, BASE_HOOKS, ENOTSUP, HOOK_SLOTS, PLUGIN_VERSION};
 use crate::core::Stage;
 use crate::log::CriuLevel;
 
@@ -105,9 +105,11 @@ fn t<T>() -> &'static str {
 
 /// Each function type shared with CRIU: (key, the plugin's type as Rust declares it). The
 /// trampolines' types are inferred from the functions themselves.
-fn functions(patched: bool) -> Vec<(&'static str, &'static str)> {
+fn functions(patched: bool, inet: bool) -> Vec<(&'static str, &'static str)> {
     use super::{checkpoint_devices, dump_ext_file, exit, handle_device_vma, init};
-    use super::{pause_devices, restore_ext_file, resume_devices_late, update_vma_map};
+    use super::{
+        pause_devices, restore_ext_file, resume_devices_late, update_inetsk, update_vma_map,
+    };
     let mut f = vec![
         ("print_on_level", t::<PrintOnLevel>()),
         ("add_inventory_plugin", t::<AddInventoryPlugin>()),
@@ -154,6 +156,14 @@ fn functions(patched: bool) -> Vec<(&'static str, &'static str)> {
         f.push(("criu_defer_pages", t::<DeferPages>()));
         f.push(("criu_dumps_io_uring", t::<DumpsIoUring>()));
     }
+    if inet {
+        // Patch 0010 (criu#2841 upstream).
+        f.push((
+            "UPDATE_INETSK",
+            name_of(&(update_inetsk as extern "C" fn(_, _, _, _) -> _)),
+        ));
+        f.push(("criu_plugin_max_hooks", t::<MaxHooks>()));
+    }
     f
 }
 
@@ -171,7 +181,7 @@ fn criu_type(key: &str) -> String {
 
 /// The C program: one `key value` line for each offset, size and value, and `type.KEY 1` for
 /// each function type that matches.
-fn program(patched: bool) -> String {
+fn program(patched: bool, inet: bool) -> String {
     let mut c = String::from(
         r#"#include <errno.h>
 #include <stddef.h>
@@ -216,7 +226,10 @@ int main(void) {
     V(LOG_ERROR); V(LOG_WARN); V(LOG_INFO); V(LOG_DEBUG);
 "#,
     );
-    for (key, ours) in functions(patched) {
+    if inet {
+        c.push_str("    V(CR_PLUGIN_HOOK__UPDATE_INETSK);\n");
+    }
+    for (key, ours) in functions(patched, inet) {
         c.push_str(&format!(
             "    printf(\"type.{key} %d\\n\", __builtin_types_compatible_p({}, {}));\n",
             criu_type(key),
@@ -228,14 +241,14 @@ int main(void) {
 }
 
 /// Compiles and runs the program against `tree`'s headers; its `key value` lines.
-fn criu_answers(tree: &Path, patched: bool, dir: &Path) -> BTreeMap<String, i64> {
+fn criu_answers(tree: &Path, (patched, inet): (bool, bool), dir: &Path) -> BTreeMap<String, i64> {
     assert!(
         tree.join("include/common/config.h").exists(),
         "{} is not built (no include/common/config.h): run scripts/install-criu.sh",
         tree.display()
     );
     let src = dir.join("layout.c");
-    std::fs::write(&src, program(patched)).unwrap();
+    std::fs::write(&src, program(patched, inet)).unwrap();
     let exe = dir.join("layout");
     let mut cc = Command::new("cc");
     // CRIU's own include paths (criu/Makefile, Makefile.compel).
@@ -348,7 +361,8 @@ fn what_the_plugin_shares_with_criu_matches_the_pinned_criu_headers() {
     for tree in trees {
         let header = std::fs::read_to_string(tree.join("criu/include/criu-plugin.h")).unwrap();
         let patched = header.contains("criu_defer_pages");
-        let criu = criu_answers(tree, patched, dir.path());
+        let inet = header.contains("CR_PLUGIN_HOOK__UPDATE_INETSK");
+        let criu = criu_answers(tree, (patched, inet), dir.path());
         let get = |k: &str| -> i64 {
             *criu
                 .get(k)
@@ -363,11 +377,21 @@ fn what_the_plugin_shares_with_criu_matches_the_pinned_criu_headers() {
             "{}",
             tree.display()
         );
-        assert!(
-            MAX_HOOKS as i64 <= get("CR_PLUGIN_HOOK__MAX"),
-            "CRIU refuses a plugin with more hooks than CR_PLUGIN_HOOK__MAX"
-        );
-        for (key, rust) in functions(patched) {
+        // CRIU refuses a plugin with more hooks than CR_PLUGIN_HOOK__MAX: the descriptor
+        // starts with as many as every CRIU from 4.0 on has (4.0's is 12, 4.2's 13), and offers
+        // all of its slots only to a CRIU that has UPDATE_INETSK where the plugin has it.
+        let max = get("CR_PLUGIN_HOOK__MAX");
+        assert!(BASE_HOOKS as i64 <= max, "{}", tree.display());
+        if inet {
+            assert_eq!(
+                get("CR_PLUGIN_HOOK__UPDATE_INETSK"),
+                hook::UPDATE_INETSK as i64
+            );
+            assert_eq!(max, HOOK_SLOTS as i64, "{}", tree.display());
+        } else {
+            assert!(max <= hook::UPDATE_INETSK as i64, "{}", tree.display());
+        }
+        for (key, rust) in functions(patched, inet) {
             assert_eq!(
                 get(&format!("type.{key}")),
                 1,

@@ -17,6 +17,7 @@ use std::io::Write as _;
 use std::os::fd::BorrowedFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use std::time::{Duration, Instant};
@@ -27,11 +28,15 @@ use crate::core::{
 };
 use crate::guardian::proto::Watch;
 use crate::guardian::{Guardian, GuardianError};
+use criu_gpu_image::addrmap;
 
 /// CRIU's plugin ABI version (CRIU_PLUGIN_VERSION, unchanged since 2014).
 const PLUGIN_VERSION: c_uint = 0x200;
 /// Hooks 0..=11: every CRIU from 4.0 on accepts a plugin with this many (4.2 has 13).
-const MAX_HOOKS: usize = 12;
+const BASE_HOOKS: usize = 12;
+/// The descriptor's slots: up to UPDATE_INETSK, offered where CRIU reads that many
+/// ([`offer_newer_hooks`]).
+const HOOK_SLOTS: usize = 16;
 const ENOTSUP: c_int = libc::EOPNOTSUPP;
 
 mod hook {
@@ -42,24 +47,31 @@ mod hook {
     pub const RESUME_DEVICES_LATE: usize = 9;
     pub const PAUSE_DEVICES: usize = 10;
     pub const CHECKPOINT_DEVICES: usize = 11;
+    /// criu#2841; the project's CRIU, patch 0010.
+    pub const UPDATE_INETSK: usize = 15;
 }
 
-/// `cr_plugin_desc_t`.
+// UPDATE_INETSK is one of the slots, past those every CRIU reads.
+const _: () = assert!(BASE_HOOKS <= hook::UPDATE_INETSK && hook::UPDATE_INETSK < HOOK_SLOTS);
+
+/// `cr_plugin_desc_t`. `max_hooks` is set once, as CRIU loads the plugin and before it reads
+/// the descriptor (an atomic has the layout of the `unsigned int` CRIU reads).
 #[repr(C)]
 pub struct PluginDesc {
     name: *const c_char,
     init: Option<extern "C" fn(c_int) -> c_int>,
     exit: Option<extern "C" fn(c_int, c_int)>,
     version: c_uint,
-    max_hooks: c_uint,
-    hooks: [*const c_void; MAX_HOOKS],
+    max_hooks: AtomicU32,
+    hooks: [*const c_void; HOOK_SLOTS],
 }
 
-// SAFETY: the descriptor is immutable and its pointers point to 'static code and data.
+// SAFETY: the descriptor's pointers point to 'static code and data and never change; its one
+// changing field is atomic.
 unsafe impl Sync for PluginDesc {}
 
-const fn hooks() -> [*const c_void; MAX_HOOKS] {
-    let mut h = [std::ptr::null::<c_void>(); MAX_HOOKS];
+const fn hooks() -> [*const c_void; HOOK_SLOTS] {
+    let mut h = [std::ptr::null::<c_void>(); HOOK_SLOTS];
     h[hook::DUMP_EXT_FILE] = dump_ext_file as *const c_void;
     h[hook::RESTORE_EXT_FILE] = restore_ext_file as *const c_void;
     h[hook::HANDLE_DEVICE_VMA] = handle_device_vma as *const c_void;
@@ -67,6 +79,7 @@ const fn hooks() -> [*const c_void; MAX_HOOKS] {
     h[hook::RESUME_DEVICES_LATE] = resume_devices_late as *const c_void;
     h[hook::PAUSE_DEVICES] = pause_devices as *const c_void;
     h[hook::CHECKPOINT_DEVICES] = checkpoint_devices as *const c_void;
+    h[hook::UPDATE_INETSK] = update_inetsk as *const c_void;
     h
 }
 
@@ -77,9 +90,30 @@ pub static CR_PLUGIN_DESC: PluginDesc = PluginDesc {
     init: Some(init),
     exit: Some(exit),
     version: PLUGIN_VERSION,
-    max_hooks: MAX_HOOKS as c_uint,
+    max_hooks: AtomicU32::new(BASE_HOOKS as u32),
     hooks: hooks(),
 };
+
+/// Run by the dynamic loader when CRIU opens the plugin (the library's ELF constructor), before
+/// CRIU reads [`CR_PLUGIN_DESC`]: CRIU refuses a plugin with more hooks than it has, so the
+/// newer ones are offered only to a CRIU that says it reads them (`criu_plugin_max_hooks`,
+/// patch 0010); any other CRIU sees the first [`BASE_HOOKS`].
+extern "C" fn offer_newer_hooks() {
+    let n = match criu::plugin_max_hooks() {
+        Some(n) if n as usize >= HOOK_SLOTS => HOOK_SLOTS,
+        _ => BASE_HOOKS,
+    };
+    CR_PLUGIN_DESC.max_hooks.store(n as u32, Ordering::Relaxed);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static OFFER_NEWER_HOOKS: extern "C" fn() = offer_newer_hooks;
+
+/// Whether CRIU calls UPDATE_INETSK of this plugin.
+fn offers_update_inetsk() -> bool {
+    CR_PLUGIN_DESC.max_hooks.load(Ordering::Relaxed) as usize > hook::UPDATE_INETSK
+}
 
 static PLUGIN: Mutex<Option<Plugin>> = Mutex::new(None);
 
@@ -254,6 +288,7 @@ fn start_plugin(stage: c_int) -> Result<(), crate::core::HookError> {
     };
     let spawn: SpawnGuardian = std::sync::Arc::new(fork_guardian);
     let mut plugin = Plugin::new(stage, Box::new(host), crate::backends::all(spawn));
+    plugin.load_address_map(&crate::core::Settings::load(), offers_update_inetsk())?;
     plugin.init(&CriuInventory)?;
     *PLUGIN.lock().unwrap_or_else(|e| e.into_inner()) = Some(plugin);
     tracing::debug!(?stage, "initialised");
@@ -361,6 +396,29 @@ extern "C" fn update_vma_map(
     })
 }
 
+extern "C" fn update_inetsk(family: u32, state: u32, src: *mut u32, dst: *mut u32) -> c_int {
+    with_plugin("UPDATE_INETSK", |p| {
+        let words = match family {
+            addrmap::AF_INET => 1,
+            addrmap::AF_INET6 => 4,
+            _ => return Ok(Verdict::NotMine),
+        };
+        if src.is_null() || dst.is_null() {
+            return Ok(Verdict::NotMine);
+        }
+        // SAFETY: CRIU passes the socket image's two address arrays, each of at least the
+        // family's words (patch 0010 passes no shorter ones), alive and not otherwise used for
+        // the whole call.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(src, words),
+                std::slice::from_raw_parts_mut(dst, words),
+            )
+        };
+        Ok(done0(p.update_inetsk(family, state, src, dst)))
+    })
+}
+
 fn done0(v: Verdict) -> Verdict<c_int> {
     match v {
         Verdict::Done(()) => Verdict::Done(0),
@@ -393,11 +451,45 @@ mod tests {
         assert_eq!(std::mem::offset_of!(PluginDesc, version), 24);
         assert_eq!(std::mem::offset_of!(PluginDesc, max_hooks), 28);
         assert_eq!(std::mem::offset_of!(PluginDesc, hooks), 32);
-        assert_eq!(std::mem::size_of::<PluginDesc>(), 32 + 8 * MAX_HOOKS);
+        assert_eq!(std::mem::size_of::<PluginDesc>(), 32 + 8 * HOOK_SLOTS);
+        assert_eq!(
+            std::mem::size_of::<AtomicU32>(),
+            std::mem::size_of::<c_uint>()
+        );
         // SAFETY: the name is a static C string.
         let name = unsafe { CStr::from_ptr(CR_PLUGIN_DESC.name) };
         assert_eq!(name.to_str().unwrap(), NAME);
         assert!(!CR_PLUGIN_DESC.hooks[hook::PAUSE_DEVICES].is_null());
+        assert!(!CR_PLUGIN_DESC.hooks[hook::UPDATE_INETSK].is_null());
+    }
+
+    /// Outside a CRIU that says it reads 16 hooks (here: no CRIU at all), the constructor left
+    /// the descriptor at the hooks every CRIU from 4.0 on accepts, without UPDATE_INETSK: stock
+    /// CRIU 4.0 to 4.2.1 load it as before.
+    #[test]
+    fn the_constructor_offers_the_newer_hooks_only_where_criu_reads_them() {
+        assert_eq!(criu::plugin_max_hooks(), None);
+        assert_eq!(
+            CR_PLUGIN_DESC.max_hooks.load(Ordering::Relaxed) as usize,
+            BASE_HOOKS
+        );
+        assert!(!offers_update_inetsk());
+    }
+
+    #[test]
+    fn update_inetsk_moves_nothing_without_a_map_and_checks_its_arguments() {
+        let (mut s, mut d) = ([1u32], [2u32]);
+        assert_eq!(
+            update_inetsk(2, 1, s.as_mut_ptr(), d.as_mut_ptr()),
+            -ENOTSUP
+        );
+        assert_eq!(
+            update_inetsk(17, 1, s.as_mut_ptr(), d.as_mut_ptr()),
+            -ENOTSUP
+        );
+        let null = std::ptr::null_mut();
+        assert_eq!(update_inetsk(2, 1, null, d.as_mut_ptr()), -ENOTSUP);
+        assert_eq!((s, d), ([1], [2]));
     }
 
     #[test]

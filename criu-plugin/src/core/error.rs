@@ -13,6 +13,9 @@ pub enum HookError {
     Record(#[from] RecordError),
     #[error("{0}")]
     Digest(#[from] DigestError),
+    /// A restore on other addresses that cannot run.
+    #[error("{0}")]
+    Addresses(#[from] super::inet::AddressError),
     /// A backend's own typed error.
     #[error("{0}")]
     Gpu(Box<dyn std::error::Error + Send + Sync>),

@@ -5,6 +5,7 @@
 // Every function here reads as named steps (clippy.toml: at most 80 lines).
 
 pub mod error;
+pub mod inet;
 pub mod kill;
 pub mod stats;
 pub mod threads;
@@ -183,6 +184,8 @@ pub struct Plugin {
     /// The image directory as a path, taken at `init`: CRIU may have closed its descriptor of
     /// it by `exit` (a restore does).
     image_dir: Option<PathBuf>,
+    /// A restore on other addresses: the moves of its sockets.
+    remap: Option<inet::Remap>,
 }
 
 impl Plugin {
@@ -199,6 +202,40 @@ impl Plugin {
             host,
             backends,
             image_dir,
+            remap: None,
+        }
+    }
+
+    /// A restore: takes the address map of the settings, if any (`offered`: whether CRIU calls
+    /// UPDATE_INETSK); one it cannot apply fails the restore before anything starts.
+    pub fn load_address_map(
+        &mut self,
+        settings: &Settings,
+        offered: bool,
+    ) -> Result<(), HookError> {
+        if self.stage == Stage::Restore {
+            self.remap = inet::Remap::load(settings, offered)?;
+        }
+        Ok(())
+    }
+
+    /// UPDATE_INETSK: one socket's addresses, moved by the address map ("not mine" when none
+    /// of them moves, so that another plugin may).
+    pub fn update_inetsk(
+        &mut self,
+        family: u32,
+        state: u32,
+        src: &mut [u32],
+        dst: &mut [u32],
+    ) -> Verdict {
+        let moved = self
+            .remap
+            .as_mut()
+            .is_some_and(|r| r.update(family, state, src, dst));
+        if moved {
+            Verdict::Done(())
+        } else {
+            Verdict::NotMine
         }
     }
 
@@ -240,6 +277,9 @@ impl Plugin {
     }
 
     pub fn exit(&mut self, success: bool) {
+        if let Some(r) = &self.remap {
+            tracing::info!("{}", r.summary());
+        }
         for b in &mut self.backends {
             b.exit(self.host.as_ref(), self.stage, success);
         }
