@@ -58,6 +58,11 @@ pub enum Command {
         /// Restore onto other GPUs: OLD_UUID=NEW_UUID[,...] or `auto` (CRIU_GPU_DEVICE_MAP).
         #[arg(long)]
         device_map: Option<String>,
+        /// Restore onto other IP addresses: OLD=NEW[,...]; both ends of the job's TCP
+        /// connections move (CRIU_GPU_ADDRESS_MAP). Across nodes (--nnodes) a node's move is
+        /// found without it, from its new address in etcd.
+        #[arg(long, value_name = "OLD=NEW[,...]")]
+        address_map: Option<criu_gpu_image::addrmap::AddressMap>,
         /// Cut the job's files that only grew since the snapshot (logs, appended outputs) back
         /// to their size at the snapshot, where their first bytes are what the snapshot
         /// recorded; without it no file is touched and the restore is refused.

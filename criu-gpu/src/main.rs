@@ -95,11 +95,13 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             common,
             store,
             device_map,
+            address_map,
             truncate_grown,
             no_prefetch,
         } => {
             let how = job::RestoreHow {
                 device_map,
+                address_map,
                 truncate_grown,
                 no_prefetch,
             };

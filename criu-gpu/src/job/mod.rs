@@ -445,6 +445,29 @@ fn ring_support(criu: &Path) -> cuda_checkpoint_ctl::refusal::RingSupport {
     }
 }
 
+/// The plugin's setting for a restore that moves the job's connections.
+fn address_map_env(map: &criu_gpu_image::addrmap::AddressMap) -> (String, String) {
+    (criu_gpu_image::addrmap::SETTING.to_owned(), map.to_string())
+}
+
+/// A restore that moves connections needs CRIU's UPDATE_INETSK hook (patch 0010), which only a
+/// CRIU that exports `criu_plugin_max_hooks` offers the plugin: its name is in the binary's
+/// dynamic symbols (stock CRIU 4.2.1 has neither, and no `criu check` feature tells).
+fn address_map_problem(criu: &Path, map: &criu_gpu_image::addrmap::AddressMap) -> Option<Problem> {
+    let symbol: &[u8] = b"criu_plugin_max_hooks";
+    let has = std::fs::read(criu).is_ok_and(|b| b.windows(symbol.len()).any(|w| w == symbol));
+    (!has).then(|| Problem {
+        what: format!(
+            "the job's connections must move ({map}), and {} cannot move them: it lacks the \
+             UPDATE_INETSK plugin hook",
+            criu.display()
+        ),
+        fix: "install the project's CRIU (scripts/install.sh; patch 0010 of third_party/criu) or \
+              name it with --criu PATH"
+            .into(),
+    })
+}
+
 /// What stops a restore of `rec` on this host: pids and listening addresses in use.
 fn restore_problems(rec: &JobRecord) -> Vec<Problem> {
     let mut problems = Vec::new();
@@ -519,6 +542,8 @@ fn holder(inode: u64) -> String {
 pub struct RestoreHow {
     /// Onto other GPUs: OLD=NEW[,...] or `auto`.
     pub device_map: Option<String>,
+    /// Onto other addresses: the job's connections moved, both ends.
+    pub address_map: Option<criu_gpu_image::addrmap::AddressMap>,
     /// Cut files that only grew since the snapshot back to their size then.
     pub truncate_grown: bool,
     /// Do not read the pages images ahead while CRIU starts ([`prefetch`]).
@@ -530,8 +555,12 @@ pub fn restore(how: &RestoreHow, r: &Request) -> Result<Outcome, JobError> {
     let criu = criu(r)?;
     let rec =
         JobRecord::read(&r.dir)?.ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
-    let env = device_map_env(how);
-    let plan = restore_plan(&rec, how, &r.dir);
+    let mut env = device_map_env(how);
+    let mut plan = restore_plan(&rec, how, &r.dir);
+    if let Some(map) = how.address_map.as_ref().filter(|m| !m.is_empty()) {
+        plan.problems.extend(address_map_problem(&criu, map));
+        env.push(address_map_env(map));
+    }
     let args = restore_args(&rec, r);
     let plan = show_or_refuse(plan)?;
     let command = full_command(&criu, &args);

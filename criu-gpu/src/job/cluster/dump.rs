@@ -42,8 +42,10 @@ pub fn dump(
         rank,
         host: hostname(),
         addrs: addresses(),
+        via: super::moves::via(&across.rdzv),
         part_gen: None,
         problems: problems(&plan),
+        address_map: Default::default(),
     };
     let store = Store::connect(&across.rdzv.endpoints).map_err(ClusterError::from)?;
     let op = Arc::new(Op::join(

@@ -12,6 +12,7 @@
 pub mod dump;
 pub mod hold;
 pub mod liveness;
+pub mod moves;
 pub mod op;
 pub mod part;
 pub mod phase;

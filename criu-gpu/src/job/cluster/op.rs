@@ -56,6 +56,12 @@ pub struct NodeInfo {
     pub rank: u32,
     pub host: String,
     pub addrs: Vec<std::net::IpAddr>,
+    /// The address it reaches etcd from: its address on the job's network (moves.rs).
+    #[serde(default)]
+    pub via: Option<std::net::IpAddr>,
+    /// A restore: the moves this node was given (`--address-map`), for every node.
+    #[serde(default)]
+    pub address_map: criu_gpu_image::addrmap::AddressMap,
     /// A restore: the generation of the part this node restores.
     pub part_gen: Option<u64>,
     /// What this node's preflight refused (empty: ready).

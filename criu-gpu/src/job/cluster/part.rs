@@ -20,6 +20,9 @@ pub struct Node {
     pub rank: u32,
     pub host: String,
     pub addrs: Vec<std::net::IpAddr>,
+    /// Its address on the job's network (none in parts of older dumps).
+    #[serde(default)]
+    pub via: Option<std::net::IpAddr>,
 }
 
 impl From<&NodeInfo> for Node {
@@ -28,6 +31,7 @@ impl From<&NodeInfo> for Node {
             rank: n.rank,
             host: n.host.clone(),
             addrs: n.addrs.clone(),
+            via: n.via,
         }
     }
 }
@@ -97,11 +101,13 @@ mod tests {
                     rank: 0,
                     host: "a".into(),
                     addrs: vec!["10.1.0.1".parse().unwrap()],
+                    via: None,
                 },
                 Node {
                     rank: 1,
                     host: "b".into(),
                     addrs: vec!["10.1.0.2".parse().unwrap()],
+                    via: None,
                 },
             ],
             leave_running: false,

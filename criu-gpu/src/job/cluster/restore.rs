@@ -9,12 +9,13 @@
 use std::sync::Arc;
 
 use super::liveness::{self, IfFailed};
+use super::moves;
 use super::op::{Kind, NodeInfo, Op};
 use super::part::Part;
 use super::serve::Server;
 use super::store::Store;
 use super::{addresses, hostname, Across, ClusterError};
-use crate::job::plan::{Plan, Problem};
+use crate::job::plan::Plan;
 use crate::job::record::JobRecord;
 use crate::job::{self, JobError, Outcome, Request, RestoreHow};
 use crate::out;
@@ -27,15 +28,19 @@ pub fn restore(how: &RestoreHow, r: &Request, across: &Across) -> Result<Outcome
         JobRecord::read(&r.dir)?.ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
     let env = job::device_map_env(how);
     let mut plan = job::restore_plan(&rec, how, &r.dir);
-    address_problems(&part, &mut plan);
-    job::show_plan(&plan);
-    let me = NodeInfo {
+    let mut me = NodeInfo {
         rank: part.node_rank,
         host: hostname(),
         addrs: addresses(),
+        via: moves::via(&across.rdzv),
         part_gen: Some(part.generation),
-        problems: super::dump::problems(&plan),
+        problems: Vec::new(),
+        address_map: how.address_map.clone().unwrap_or_default(),
     };
+    plan.problems
+        .extend(moves::own_problem(&part, &me.address_map, &me));
+    job::show_plan(&plan);
+    me.problems = super::dump::problems(&plan);
     let store = Store::connect(&across.rdzv.endpoints).map_err(ClusterError::from)?;
     let op = Arc::new(Op::join(
         store,
@@ -90,26 +95,34 @@ fn read_part(r: &Request, across: &Across) -> Result<Part, JobError> {
     Ok(part)
 }
 
-/// A part whose node's addresses this node has none of: its connections cannot be bound here.
-fn address_problems(part: &Part, plan: &mut Plan) {
-    let Some(was) = part.nodes.iter().find(|n| n.rank == part.node_rank) else {
-        return;
-    };
-    let here = addresses();
-    if was.addrs.is_empty() || was.addrs.iter().any(|a| here.contains(a)) {
-        return;
+/// What the nodes must agree on, once all joined: parts of one dump; where the job's
+/// connections go (the plugin's setting, when any moves).
+fn agree(
+    part: &Part,
+    nodes: &[NodeInfo],
+    criu: &std::path::Path,
+) -> Result<Option<(String, String)>, JobError> {
+    if let Some(other) = nodes.iter().find(|n| n.part_gen != Some(part.generation)) {
+        return Err(ClusterError::Part(format!(
+            "{} restores a part of generation {}, this node one of generation {}: restore parts \
+             of one dump on every node",
+            other.name(),
+            other.part_gen.map_or("?".into(), |g| g.to_string()),
+            part.generation
+        ))
+        .into());
     }
-    let was: Vec<String> = was.addrs.iter().map(|a| a.to_string()).collect();
-    plan.problems.push(Problem {
-        what: format!(
-            "the part's node had the address(es) {}, and this node has none of them: the job's \
-             connections between the nodes were made from those addresses",
-            was.join(", ")
-        ),
-        fix: "restore the part on a node with that address (give it to this node), or restore \
-              it where it was dumped"
-            .into(),
-    });
+    let map = moves::derive(part, nodes)?;
+    if map.is_empty() {
+        return Ok(None);
+    }
+    if let Some(p) = job::address_map_problem(criu, &map) {
+        return Err(ClusterError::Part(format!("{}: {}; nothing was done", p.what, p.fix)).into());
+    }
+    out::line(format!(
+        "cluster: the job's connections move with its nodes: {map} (both ends, on every node)"
+    ));
+    Ok(Some(job::address_map_env(&map)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -125,16 +138,7 @@ fn restore_in(
 ) -> Result<Outcome, JobError> {
     let nodes = op.exchange(across.timeout)?;
     super::dump::refuse_any(&nodes, plan)?;
-    if let Some(other) = nodes.iter().find(|n| n.part_gen != Some(part.generation)) {
-        return Err(ClusterError::Part(format!(
-            "{} restores a part of generation {}, this node one of generation {}: restore parts \
-             of one dump on every node",
-            other.name(),
-            other.part_gen.map_or("?".into(), |g| g.to_string()),
-            part.generation
-        ))
-        .into());
-    }
+    env.extend(agree(part, &nodes, criu)?);
     let mut args = job::restore_args(rec, r);
     // A torchrun job stays stopped until its rendezvous heartbeats are fresh (liveness.rs).
     if !part.agents.is_empty() {
