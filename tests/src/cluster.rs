@@ -14,20 +14,29 @@ use crate::*;
 /// The bed: its nodes' names and addresses.
 pub struct Bed {
     pub dir: PathBuf,
-    /// (name, address) of each node; the last is etcd's host.
+    /// (name, address) of each node: the job's, the spare ones, and last etcd's host.
     pub nodes: Vec<(String, String)>,
     pub subnet: u8,
+    /// How many of `nodes` run the job (`n0`..).
+    pub job_nodes: usize,
 }
 
 impl Bed {
     /// Nodes `n0`.. `nN-1` at 10.S.0.1.., and `etcd` at 10.S.0.254 (S from the pid: the
     /// addresses live only in the bed's namespaces).
     pub fn up(scratch: &Path, n: usize) -> Bed {
+        Bed::with_spares(scratch, n, 0)
+    }
+
+    /// Also `spares` nodes that run nothing at first, `m0`.. at 10.S.0.101..: where a part is
+    /// restored on another address (a pod rescheduled onto another host).
+    pub fn with_spares(scratch: &Path, n: usize, spares: usize) -> Bed {
         let subnet = (std::process::id() % 200) as u8 + 20;
         let dir = scratch.join("bed");
         let mut nodes: Vec<(String, String)> = (0..n)
             .map(|i| (format!("n{i}"), format!("10.{subnet}.0.{}", i + 1)))
             .collect();
+        nodes.extend((0..spares).map(|i| (format!("m{i}"), format!("10.{subnet}.0.{}", i + 101))));
         nodes.push(("etcd".into(), format!("10.{subnet}.0.254")));
         let specs: Vec<String> = nodes.iter().map(|(n, a)| format!("{n}={a}/24")).collect();
         let out = Command::new(artifact("netbed"))
@@ -37,7 +46,12 @@ impl Bed {
             .output()
             .unwrap();
         assert!(out.status.success(), "netbed up: {}", stderr(&out));
-        Bed { dir, nodes, subnet }
+        Bed {
+            dir,
+            nodes,
+            subnet,
+            job_nodes: n,
+        }
     }
 
     pub fn addr(&self, node: &str) -> &str {
@@ -136,7 +150,7 @@ pub struct NodeJob {
 /// The job: one rank per node, node 0's store at its address (in `more`, `{node}` is the node's
 /// name and `{dir}` the scratch directory).
 pub fn start_job(sim: &mut Sim, bed: &Bed, more: &[&str]) -> Vec<NodeJob> {
-    let n = bed.nodes.len() - 1;
+    let n = bed.job_nodes;
     let master = format!("{}:{}", bed.addr("n0"), 29400 + bed.subnet as u16);
     let mut parts = Vec::new();
     for r in 0..n {
