@@ -699,3 +699,50 @@ fn every_kind_of_file_lock_the_job_holds_is_dumped_and_restored() {
         pids.iter().for_each(|p| wait_gone(*p));
     }
 }
+
+/// `criu-gpu restore --address-map` on one node: the job's connections (its ring on 127.0.0.1,
+/// its ranks' connections to a store on `[::]`, IPv4-mapped) move to 127.0.0.2 on both ends and
+/// go on there. A CRIU without UPDATE_INETSK (stock 4.2.1) is refused first, naming the fix.
+#[test]
+fn a_restore_with_an_address_map_moves_the_jobs_connections() {
+    use cuda_checkpoint_ctl::process::{tcp_sockets, TcpState};
+    let mut sim = Sim::start();
+    let c = Criu::new(&sim);
+    let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
+    let images = dir_of(&sim, "img");
+    let out = job.dump(&sim, &c, &images, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    job.gone();
+    let dir = images.to_str().unwrap();
+    let map = ["restore", dir, "--address-map", "127.0.0.1=127.0.0.2"];
+    let stock = Criu {
+        bin: criu::STOCK.into(),
+        plugins: c.plugins.clone(),
+    };
+    let out = criu_gpu(&sim, &stock, &map, &[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("lacks the UPDATE_INETSK plugin hook"), "{t}");
+    let out = criu_gpu(&sim, &c, &map, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    job.advances(5);
+    let inodes: Vec<u64> = job
+        .pids
+        .iter()
+        .flat_map(|p| cuda_checkpoint_ctl::process::socket_inodes(*p))
+        .collect();
+    let moved: Vec<_> = tcp_sockets(job.root)
+        .into_iter()
+        .filter(|s| s.state == TcpState::Established && inodes.contains(&s.inode))
+        .map(|s| (s.local.ip().to_string(), s.remote.ip().to_string()))
+        .collect();
+    assert!(!moved.is_empty());
+    for (l, r) in &moved {
+        assert!(
+            l.ends_with("127.0.0.2") && r.ends_with("127.0.0.2"),
+            "{moved:?}"
+        );
+    }
+    let log = std::fs::read_to_string(images.join("restore.log")).unwrap();
+    assert!(log.contains("criu_gpu: moved "), "{log}");
+}
