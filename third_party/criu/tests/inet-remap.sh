@@ -104,7 +104,10 @@ check "the pair talks at $old" advances 20
 pid=$(pgrep -o -f "^$work/tcp-pair")
 nsenter --net="/run/netns/$from" "$CRIU" dump -t "$pid" -D "$work/img" --tcp-established \
 	--network-lock nftables -v4 -o dump.log
-gone() { for _ in $(seq 100); do [ -d "/proc/$pid" ] || return 0; sleep 0.1; done; return 1; }
+# The pair's pid is free to restore once no process has it, nor its session or group (a zombie
+# of a failed restore holds them until init reaps it; some inits take their time).
+held() { [ -d "/proc/$pid" ] || pgrep -s "$pid" >/dev/null || pgrep -g "$pid" >/dev/null; }
+gone() { for _ in $(seq 200); do held || return 0; sleep 0.1; done; return 1; }
 gone
 
 rc=0
