@@ -16,6 +16,7 @@ use criu_gpu_image::addrmap::AddressMap;
 
 use super::op::NodeInfo;
 use super::part::{Node, Part};
+use super::torchrun::Agent;
 use super::{ClusterError, Rdzv};
 use crate::job::plan::Problem;
 
@@ -133,6 +134,23 @@ pub fn derive(part: &Part, nodes: &[NodeInfo]) -> Result<AddressMap, ClusterErro
     Ok(map)
 }
 
+/// torchrun's agents as they are after the move: the rendezvous store they name by an address
+/// of the map is at its new address now (where the heartbeats are refreshed, by the node that
+/// serves it). A store named by a host name is left to the name's owner (a Kubernetes Service
+/// follows the pod).
+pub fn agents(agents: &[Agent], map: &AddressMap) -> Vec<Agent> {
+    agents
+        .iter()
+        .map(|a| {
+            let moved = a.host.parse::<IpAddr>().ok().and_then(|ip| map.new_of(ip));
+            Agent {
+                host: moved.map_or_else(|| a.host.clone(), |ip| ip.to_string()),
+                ..a.clone()
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +264,23 @@ mod tests {
             &now(0, &["10.1.0.3"], None, "")
         )
         .is_none());
+    }
+
+    #[test]
+    fn torchruns_store_is_reached_at_its_new_address() {
+        let map: AddressMap = "10.1.0.1=10.1.0.3".parse().unwrap();
+        let agent = |host: &str| Agent {
+            pid: 7,
+            host: host.into(),
+            port: 29500,
+            run_id: "j".into(),
+        };
+        let moved = agents(
+            &[agent("10.1.0.1"), agent("10.1.0.2"), agent("node0")],
+            &map,
+        );
+        let hosts: Vec<&str> = moved.iter().map(|a| a.host.as_str()).collect();
+        assert_eq!(hosts, ["10.1.0.3", "10.1.0.2", "node0"]);
     }
 
     #[test]

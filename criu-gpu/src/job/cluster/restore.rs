@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use criu_gpu_image::addrmap::AddressMap;
+
 use super::liveness::{self, IfFailed};
 use super::moves;
 use super::op::{Kind, NodeInfo, Op};
@@ -96,12 +98,8 @@ fn read_part(r: &Request, across: &Across) -> Result<Part, JobError> {
 }
 
 /// What the nodes must agree on, once all joined: parts of one dump; where the job's
-/// connections go (the plugin's setting, when any moves).
-fn agree(
-    part: &Part,
-    nodes: &[NodeInfo],
-    criu: &std::path::Path,
-) -> Result<Option<(String, String)>, JobError> {
+/// connections go.
+fn agree(part: &Part, nodes: &[NodeInfo], criu: &std::path::Path) -> Result<AddressMap, JobError> {
     if let Some(other) = nodes.iter().find(|n| n.part_gen != Some(part.generation)) {
         return Err(ClusterError::Part(format!(
             "{} restores a part of generation {}, this node one of generation {}: restore parts \
@@ -114,7 +112,7 @@ fn agree(
     }
     let map = moves::derive(part, nodes)?;
     if map.is_empty() {
-        return Ok(None);
+        return Ok(map);
     }
     if let Some(p) = job::address_map_problem(criu, &map) {
         return Err(ClusterError::Part(format!("{}: {}; nothing was done", p.what, p.fix)).into());
@@ -122,7 +120,7 @@ fn agree(
     out::line(format!(
         "cluster: the job's connections move with its nodes: {map} (both ends, on every node)"
     ));
-    Ok(Some(job::address_map_env(&map)))
+    Ok(map)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -138,7 +136,10 @@ fn restore_in(
 ) -> Result<Outcome, JobError> {
     let nodes = op.exchange(across.timeout)?;
     super::dump::refuse_any(&nodes, plan)?;
-    env.extend(agree(part, &nodes, criu)?);
+    let map = agree(part, &nodes, criu)?;
+    if !map.is_empty() {
+        env.push(job::address_map_env(&map));
+    }
     let mut args = job::restore_args(rec, r);
     // A torchrun job stays stopped until its rendezvous heartbeats are fresh (liveness.rs).
     if !part.agents.is_empty() {
@@ -170,7 +171,7 @@ fn restore_in(
         let tree: Vec<i32> = rec.members.iter().map(|m| m.0).collect();
         liveness::resume(
             op,
-            &part.agents,
+            &moves::agents(&part.agents, &map),
             &tree,
             across.timeout,
             IfFailed::End,
