@@ -14,8 +14,9 @@
 #   kill-criu  node B's CRIU SIGKILLed once both nodes locked: both dumps fail, the job goes on,
 #              equal to ref
 #   etcd-stop  etcd stopped at the same point: the same (etcd is started again after)
-#   newaddr    node A's part restored on a new address (needs the address map of branch mn-addr:
-#              skipped while `criu-gpu restore --help` has no --addr-map)
+#   newaddr    node A's part restored on a spare node at another address (m0), node B's in
+#              place: every connection of the job moves with node A (the address map the nodes
+#              derive); equal to ref
 #   one-node   the same job, two ranks on node A (torchrun --standalone) and CYCLES_ONE dumps:
 #              the lock rounds, dump and restore times to set the two-node ones against
 #   mpi        an Open MPI job (tests/mpi/cuda-mpi-app.c: its data on each node's GPU, summed
@@ -61,7 +62,9 @@ TORCHRUN=$(dirname "$(command -v "$PYTHON")")/torchrun
 JOB=$here/ddp-job.py
 BED=$W/bed
 NET=10.$((100 + $$ % 100)).0
-ADDR=("$NET.1" "$NET.2") ETCD_ADDR=$NET.254 PORT=29500
+ADDR=("$NET.1" "$NET.2") ETCD_ADDR=$NET.254 PORT=29500 SPARE=$NET.11
+# Where each node's criu-gpu runs (newaddr restores node A's part on the spare node m0).
+NODES=(n0 n1)
 export PYTHONUNBUFFERED=1
 # Never NVLink multicast on these machines; NCCL and gloo over the nodes' eth0, sockets only.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -108,7 +111,7 @@ cleanup() {
 }
 trap cleanup EXIT
 "$NETBED" down "$BED" 2>/dev/null
-"$NETBED" up "$BED" "n0=${ADDR[0]}/24" "n1=${ADDR[1]}/24" "etcd=$ETCD_ADDR/24" || { log "FAIL netbed up"; exit 1; }
+"$NETBED" up "$BED" "n0=${ADDR[0]}/24" "n1=${ADDR[1]}/24" "m0=$SPARE/24" "etcd=$ETCD_ADDR/24" || { log "FAIL netbed up"; exit 1; }
 # on NODE CMD...: CMD inside NODE (netbed execs it: started with &, $! is CMD's pid)
 on() { local n=$1; shift; "$NETBED" exec "$BED" "$n" -- "$@"; }
 start_etcd() {
@@ -170,7 +173,7 @@ both() {
 	for r in 0 1; do
 		a=("${@//NODE/$r}")
 		a=("${a[@]//AGENT/${AGENT[$r]}}")
-		on "n$r" "$CRIU_GPU" "${a[@]}" --criu "$CRIU" -- --lib "$PLUG" >"$out.$r" 2>&1 &
+		on "${NODES[$r]}" "$CRIU_GPU" "${a[@]}" --criu "$CRIU" -- --lib "$PLUG" >"$out.$r" 2>&1 &
 		pids+=($!)
 	done
 	for r in 0 1; do
@@ -247,9 +250,10 @@ part_chain() {
 	stop_job
 }
 
-# heartbeats: the rendezvous state as node A's store holds it (each node's heartbeat age)
+# heartbeats RUN_ID [NODE ADDRESS]: the rendezvous state as node A's store holds it (each node's
+# heartbeat age)
 heartbeats() {
-	on n0 "$PYTHON" -c '
+	on "${2:-n0}" "$PYTHON" -c '
 import datetime, pickle, sys
 from datetime import timedelta, timezone
 from torch.distributed import TCPStore
@@ -258,7 +262,7 @@ b = C10dRendezvousBackend(TCPStore(sys.argv[1], int(sys.argv[2]), is_master=Fals
 s = pickle.loads(b.get_state()[0])
 now = datetime.datetime.now(timezone.utc)
 print("participants %d, heartbeat ages %s" % (len(s.participants), " ".join("%.1f" % (now - t).total_seconds() for t in s.last_heartbeats.values())))
-' "${ADDR[0]}" "$PORT" "$1" 2>/dev/null | tail -1
+' "${3:-${ADDR[0]}}" "$PORT" "$1" 2>/dev/null | tail -1
 }
 
 part_gap() {
@@ -340,12 +344,37 @@ part_etcd-stop() {
 }
 
 part_newaddr() {
-	log "== node A's part restored on a new address"
-	if ! "$CRIU_GPU" restore --help 2>&1 | grep -q -- --addr-map; then
-		log "SKIP newaddr: criu-gpu restore has no --addr-map yet (branch mn-addr)"
+	local pids hb
+	log "== node A's part restored on another node, m0 at $SPARE (as a rescheduled pod)"
+	if ! "$CRIU_GPU" restore --help 2>&1 | grep -q -- --address-map; then
+		log "SKIP newaddr: this criu-gpu cannot restore onto new addresses (branch mn-addr)"
 		return
 	fi
-	fail "newaddr: not written yet: run it once mn-addr is merged"
+	[ -d "$W/ref" ] || { fail "newaddr: no reference"; return; }
+	start newaddr
+	wait_step "$DIR" 100 240 || { fail "newaddr: no step 100"; stop_job; return; }
+	pids=$(tree_pids)
+	rm -rf "$W"/img-newaddr-*
+	dump_both "$OUT/newaddr.dump" newaddr
+	[ "${RC[0]}${RC[1]}" = 00 ] || { fail "newaddr: dump rc ${RC[*]}"; stop_job; return; }
+	wait "${AGENT[0]}" "${AGENT[1]}" 2>/dev/null
+	# shellcheck disable=SC2086
+	wait_gone $pids
+	NODES=(m0 n1)
+	restore_both "$OUT/newaddr.restore" newaddr
+	NODES=(n0 n1)
+	[ "${RC[0]}${RC[1]}" = 00 ] || { fail "newaddr: restore rc ${RC[*]}: $(grep -hE 'stopped|Error|problem' "$OUT"/newaddr.restore.? | head -3 | tr '\n' ' ')"; stop_job; return; }
+	log "newaddr: $(grep -h 'connections move with' "$OUT/newaddr.restore.0" | head -1)"
+	log "newaddr: $(grep -h '^torchrun:' "$OUT"/newaddr.restore.? | head -1)"
+	sleep 7
+	hb=$(heartbeats newaddr m0 "$SPARE")
+	log "newaddr: 7 s after the restore: $hb"
+	if finished "$DIR" 400 && same "$DIR"; then
+		pass "newaddr: node A's part restored on m0 ($SPARE), node B's in place; the run equals the uninterrupted one"
+	else
+		fail "newaddr: $(tail -2 "$DIR/rank0.log" | tr '\n' ' ')"
+	fi
+	stop_job
 }
 
 part_one-node() {

@@ -40,12 +40,19 @@ fn a_job_on_two_nodes_is_dumped_and_restored_as_one_and_goes_on() {
             "cluster: all 2 nodes joined",
             "every rank of the job is locked",
             "cluster: every node passed post-dump",
-            "cluster: phases: node 0 at post-dump | node 1 at post-dump",
             "GPU: locked 1 CUDA processes at once, with the job's other nodes",
             "dumped node",
         ] {
             assert!(t.contains(want), "node {r}: {want:?} missing from:\n{t}");
         }
+        // Each node's progress shows both nodes' phases while it waits (which ones depends on
+        // who comes first).
+        assert!(
+            t.lines()
+                .any(|l| l.starts_with("cluster: phases: node 0 lock round")
+                    && l.contains("| node 1 lock round")),
+            "node {r}: no phases line of the lock rounds in:\n{t}"
+        );
     }
     s.wait_job_gone();
     // The parts name their job, generation and the other node.
