@@ -409,12 +409,14 @@ part_one-node() {
 	pass "one-node: $CYCLES_ONE dumps of the job on one node (the baseline: one-node.tsv)"
 }
 
+# oks LOG: the steps the MPI rank checked (0 before its log exists)
+oks() { local n; n=$(grep -c ' ok$' "$1" 2>/dev/null); echo "${n:-0}"; }
 # mpi_roots: the roots of the MPI job's two parts: mpirun (node A) and the session that netbed's
 # rshd started for orted (node B)
 mpi_roots() { echo "$MPIRUN $(pgrep -P "$RSHD" | head -1)"; }
 
 part_mpi() {
-	local app=$W/cuda-mpi-app agent=$W/rsh-agent log=$W/mpi/mpi r roots=() lib=() pids
+	local app=$W/cuda-mpi-app agent=$W/rsh-agent log=$W/mpi/mpi r roots=() pids
 	log "== an Open MPI job, one rank per node, its data on the GPU: dumped and restored across the nodes"
 	if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
 		log "SKIP mpi: no Open MPI (mpirun, mpicc) on this machine (docs/known-limits.md)"
@@ -424,17 +426,23 @@ part_mpi() {
 	mpicc -O2 -o "$app" "$root/tests/mpi/cuda-mpi-app.c" -ldl || { fail "mpi: mpicc"; return; }
 	# shellcheck disable=SC2016 # the agent's own variables
 	printf '#!/bin/sh\nhost=$1\nshift\nexec %s rsh "$host:7777" "$@"\n' "$NETBED" >"$agent" && chmod +x "$agent"
+	# The simulated driver for the ranks of both nodes (orted's environment is rshd's).
+	[ $sim = 1 ] && export LD_LIBRARY_PATH=$W/sim
 	"$NETBED" rshd "$BED" n1 7777 </dev/null >"$OUT/rshd.log" 2>&1 &
 	RSHD=$!
-	[ $sim = 1 ] && lib=(-x LD_LIBRARY_PATH) && export LD_LIBRARY_PATH=$W/sim
 	"$NETBED" exec "$BED" n0 -- setsid mpirun --allow-run-as-root --mca plm_rsh_agent "$agent" --mca btl tcp,self \
-		--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 --mca shmem mmap "${lib[@]}" \
+		--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 --mca shmem mmap \
 		-np 1 -H "${ADDR[0]}" "$app" "$log" 100000 20 0 : -np 1 -H "${ADDR[1]}" "$app" "$log" 100000 20 1 \
 		</dev/null >"$OUT/mpirun.log" 2>&1 &
 	MPIRUN=$!
 	unset LD_LIBRARY_PATH
-	for _ in $(seq 600); do [ "$(grep -c ' ok$' "$log.rank1" 2>/dev/null)" -ge 20 ] && break; sleep 0.1; done
+	for _ in $(seq 600); do [ "$(oks "$log.rank1")" -ge 20 ] && break; sleep 0.1; done
 	read -r -a roots <<<"$(mpi_roots)"
+	if [ "${#roots[@]}" != 2 ] || [ "$(oks "$log.rank1")" -lt 20 ]; then
+		fail "mpi: the job did not start: $(head -3 "$OUT/mpirun.log" | tr '\n' ' ')"
+		kill "$RSHD" "$MPIRUN" 2>/dev/null
+		return
+	fi
 	AGENT=("${roots[@]}")
 	pids="${roots[*]} $(tree_of "${roots[0]}") $(tree_of "${roots[1]}")"
 	rm -rf "$W"/img-mpi-*
@@ -443,11 +451,11 @@ part_mpi() {
 	wait "$MPIRUN" 2>/dev/null
 	# shellcheck disable=SC2086
 	wait_gone $pids
-	r=$(grep -c ' ok$' "$log.rank0")
+	r=$(oks "$log.rank0")
 	restore_both "$OUT/mpi.restore" mpi
 	[ "${RC[0]}${RC[1]}" = 00 ] || { fail "mpi: restore rc ${RC[*]}"; kill "$RSHD" 2>/dev/null; return; }
 	sleep 3
-	if [ "$(grep -c ' ok$' "$log.rank0")" -gt "$r" ] && [ "$(grep -c ' ok$' "$log.rank1")" -gt "$r" ] && ! grep -q BAD "$log".rank*; then
+	if [ "$(oks "$log.rank0")" -gt "$r" ] && [ "$(oks "$log.rank1")" -gt "$r" ] && ! grep -q BAD "$log".rank*; then
 		pass "mpi: the Open MPI job (mpirun on A, orted on B through rsh) dumped at step $r on both nodes, restored, its ranks' GPU data checked every step since: $(tail -1 "$log.rank0")"
 	else
 		fail "mpi: after the restore: $(tail -1 "$log.rank0") | $(tail -1 "$log.rank1")"
