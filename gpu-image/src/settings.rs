@@ -89,7 +89,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ),
     (
         "CRIU_GPU_ADDRESS_MAP",
-        "restore on other addresses: OLD=NEW[,...]; both ends of every TCP socket are moved (needs CRIU's UPDATE_INETSK hook: the project's CRIU, patch 0010; set by criu-gpu restore --address-map or across nodes)",
+        "restore on other addresses: OLD=NEW[,...]; both ends of every TCP socket are moved (needs CRIU's UPDATE_INETSK hook: the project's CRIU, patch 0012; set by criu-gpu restore --address-map or across nodes)",
     ),
     (
         "CRIU_GPU_CLUSTER",

@@ -1,6 +1,6 @@
 //! A job across machines restored where a node is now somewhere else, as a Kubernetes pod gets
 //! another IP address after a reschedule: on the simulated GPU, with the real CRIU (the
-//! project's, with UPDATE_INETSK: patch 0010) and a real etcd, the job (one rank per node,
+//! project's, with UPDATE_INETSK: patch 0012) and a real etcd, the job (one rank per node,
 //! talking over TCP between the nodes) is dumped on nodes n0 and n1 and node 0's part restored
 //! on a spare node m0 with another address, node 1's in place. Nobody names the move: each node
 //! finds it from the others' records in etcd, and every connection between the nodes moves on
@@ -146,7 +146,7 @@ fn a_part_restored_on_a_node_with_another_address_goes_on() {
         // CRIU called the plugin's UPDATE_INETSK, which moved the sockets' ends.
         let log = d.log(r);
         assert!(log.contains("criu_gpu: moved "), "node {r}: {log}");
-        // CRIU's restore locked the moved connections in the node's namespace (patch 0011):
+        // CRIU's restore locked the moved connections in the node's namespace (patch 0013):
         // there was no lock to add them to (criu-gpu took the dump's back after the dump).
         assert!(
             log.contains("here: it is made for the connections being restored"),

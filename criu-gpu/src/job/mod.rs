@@ -450,7 +450,7 @@ fn address_map_env(map: &criu_gpu_image::addrmap::AddressMap) -> (String, String
     (criu_gpu_image::addrmap::SETTING.to_owned(), map.to_string())
 }
 
-/// A restore that moves connections needs CRIU's UPDATE_INETSK hook (patch 0010), which only a
+/// A restore that moves connections needs CRIU's UPDATE_INETSK hook (patch 0012), which only a
 /// CRIU that exports `criu_plugin_max_hooks` offers the plugin: its name is in the binary's
 /// dynamic symbols (stock CRIU 4.2.1 has neither, and no `criu check` feature tells).
 fn address_map_problem(criu: &Path, map: &criu_gpu_image::addrmap::AddressMap) -> Option<Problem> {
@@ -462,7 +462,7 @@ fn address_map_problem(criu: &Path, map: &criu_gpu_image::addrmap::AddressMap) -
              UPDATE_INETSK plugin hook",
             criu.display()
         ),
-        fix: "install the project's CRIU (scripts/install.sh; patch 0010 of third_party/criu) or \
+        fix: "install the project's CRIU (scripts/install.sh; patch 0012 of third_party/criu) or \
               name it with --criu PATH"
             .into(),
     })

@@ -47,7 +47,7 @@ struct Symbols {
     criu_defer_pages: Option<DeferPages>,
     /// The project's CRIU only (patch 0008).
     criu_dumps_io_uring: Option<DumpsIoUring>,
-    /// The project's CRIU only (patch 0010).
+    /// The project's CRIU only (patch 0012).
     criu_plugin_max_hooks: Option<MaxHooks>,
     /// `struct cr_options opts`; `final_state` is its first field in every CRIU release.
     opts: Option<usize>,
@@ -162,7 +162,7 @@ pub fn dumps_io_uring() -> bool {
 }
 
 /// How many hook slots this CRIU reads (its CR_PLUGIN_HOOK__MAX: the project's CRIU, patch
-/// 0010, says so); `None` when it does not say (stock CRIU, which has fewer than 16).
+/// 0012, says so); `None` when it does not say (stock CRIU, which has fewer than 16).
 pub fn plugin_max_hooks() -> Option<c_uint> {
     let f = symbols().criu_plugin_max_hooks?;
     // SAFETY: the patch's function takes nothing and returns an unsigned int.

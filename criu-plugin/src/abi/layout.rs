@@ -157,7 +157,7 @@ fn functions(patched: bool, inet: bool) -> Vec<(&'static str, &'static str)> {
         f.push(("criu_dumps_io_uring", t::<DumpsIoUring>()));
     }
     if inet {
-        // Patch 0010 (criu#2841 upstream).
+        // Patch 0012 (criu#2841 upstream).
         f.push((
             "UPDATE_INETSK",
             name_of(&(update_inetsk as extern "C" fn(_, _, _, _) -> _)),

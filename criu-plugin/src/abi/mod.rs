@@ -47,7 +47,7 @@ mod hook {
     pub const RESUME_DEVICES_LATE: usize = 9;
     pub const PAUSE_DEVICES: usize = 10;
     pub const CHECKPOINT_DEVICES: usize = 11;
-    /// criu#2841; the project's CRIU, patch 0010.
+    /// criu#2841; the project's CRIU, patch 0012.
     pub const UPDATE_INETSK: usize = 15;
 }
 
@@ -97,7 +97,7 @@ pub static CR_PLUGIN_DESC: PluginDesc = PluginDesc {
 /// Run by the dynamic loader when CRIU opens the plugin (the library's ELF constructor), before
 /// CRIU reads [`CR_PLUGIN_DESC`]: CRIU refuses a plugin with more hooks than it has, so the
 /// newer ones are offered only to a CRIU that says it reads them (`criu_plugin_max_hooks`,
-/// patch 0010); any other CRIU sees the first [`BASE_HOOKS`].
+/// patch 0012); any other CRIU sees the first [`BASE_HOOKS`].
 extern "C" fn offer_newer_hooks() {
     let n = match criu::plugin_max_hooks() {
         Some(n) if n as usize >= HOOK_SLOTS => HOOK_SLOTS,
@@ -407,7 +407,7 @@ extern "C" fn update_inetsk(family: u32, state: u32, src: *mut u32, dst: *mut u3
             return Ok(Verdict::NotMine);
         }
         // SAFETY: CRIU passes the socket image's two address arrays, each of at least the
-        // family's words (patch 0010 passes no shorter ones), alive and not otherwise used for
+        // family's words (patch 0012 passes no shorter ones), alive and not otherwise used for
         // the whole call.
         let (src, dst) = unsafe {
             (

@@ -1,5 +1,5 @@
 //! A restore on other addresses: CRIU hands the plugin each inet socket's two addresses before it
-//! creates the socket (the UPDATE_INETSK hook, CRIU patch 0010, criu#2841 upstream), and the
+//! creates the socket (the UPDATE_INETSK hook, CRIU patch 0012, criu#2841 upstream), and the
 //! address map (`CRIU_GPU_ADDRESS_MAP`) moves them: a node that moved gets its own sockets'
 //! source addresses changed, and its peers, restored with the same map, their destinations. Both
 //! ends of every connection inside the job then agree, and CRIU binds, connects (in repair mode,
@@ -16,7 +16,7 @@ use criu_gpu_image::settings::Settings;
 pub enum AddressError {
     #[error(
         "{key}={map} asks to move the job's connections, and this CRIU cannot: it lacks the \
-         UPDATE_INETSK plugin hook (the project's CRIU has it, patch 0010 of \
+         UPDATE_INETSK plugin hook (the project's CRIU has it, patch 0012 of \
          third_party/criu; install it with scripts/install.sh, or run a CRIU that tells the \
          plugin it has the hook). Nothing was restored",
         key = addrmap::SETTING
@@ -142,7 +142,7 @@ mod tests {
         assert!(
             e.contains("CRIU_GPU_ADDRESS_MAP=10.1.0.1=10.1.0.3")
                 && e.contains("UPDATE_INETSK")
-                && e.contains("patch 0010"),
+                && e.contains("patch 0012"),
             "{e}"
         );
         let e = Remap::load(&settings("10.1.0.1"), true)

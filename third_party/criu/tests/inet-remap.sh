@@ -1,5 +1,5 @@
 #!/bin/bash
-# Patches 0010 (the UPDATE_INETSK plugin hook) and 0011 (a restore locks the connections it
+# Patches 0012 (the UPDATE_INETSK plugin hook) and 0013 (a restore locks the connections it
 # restores) with real CRIU: a TCP connection inside one process tree (tcp-pair.c, both ends on
 # one address, a listener bound to it) is dumped in one network namespace and restored in another
 # whose only address is a different one, as a node's part of a job restored on a new node:
@@ -8,7 +8,7 @@
 #                        address to the new one; the pair goes on passing its counter, none lost;
 #                        while the restore waits at its post-restore script (its sockets are
 #                        back, its network still locked) the namespace's lock holds the
-#                        connection at the new address (0011: stock CRIU has no lock there), and
+#                        connection at the new address (0013: stock CRIU has no lock there), and
 #                        the lock is gone once the restore is done
 #
 #   sudo third_party/criu/tests/inet-remap.sh
@@ -24,7 +24,7 @@ for c in "$CRIU" "$CRIU_STOCK"; do
 	[ -x "$c" ] || { echo "inet-remap: $c missing: run scripts/install-criu.sh" >&2; exit 1; }
 done
 grep -q UPDATE_INETSK "$CRIU_INCLUDE/criu-plugin.h" ||
-	{ echo "inet-remap: $CRIU_INCLUDE/criu-plugin.h has no UPDATE_INETSK (patch 0010)" >&2; exit 1; }
+	{ echo "inet-remap: $CRIU_INCLUDE/criu-plugin.h has no UPDATE_INETSK (patch 0012)" >&2; exit 1; }
 
 # Names and addresses of this run only (the addresses live in the run's namespaces alone).
 net=$((200 + $$ % 50))

@@ -1,5 +1,5 @@
 /*
- * A CRIU test plugin for UPDATE_INETSK (patch 0010): at restore it moves every IPv4 socket end at
+ * A CRIU test plugin for UPDATE_INETSK (patch 0012): at restore it moves every IPv4 socket end at
  * $REMAP_OLD to $REMAP_NEW and counts the ends it moved into $REMAP_LOG ("moved N"). It declares
  * the hooks of the header it is built against, so only a CRIU with the hook loads it.
  */
