@@ -150,6 +150,17 @@ pub struct NodeJob {
 /// The job: one rank per node, node 0's store at its address (in `more`, `{node}` is the node's
 /// name and `{dir}` the scratch directory).
 pub fn start_job(sim: &mut Sim, bed: &Bed, more: &[&str]) -> Vec<NodeJob> {
+    start_job_wrapped(sim, bed, more, |_| Vec::new())
+}
+
+/// The same, each node's launcher started through `wrap(rank)` (a program and its arguments
+/// that end by exec'ing the rest of their command line; empty: none).
+pub fn start_job_wrapped(
+    sim: &mut Sim,
+    bed: &Bed,
+    more: &[&str],
+    wrap: impl Fn(usize) -> Vec<String>,
+) -> Vec<NodeJob> {
     let n = bed.job_nodes;
     let master = format!("{}:{}", bed.addr("n0"), 29400 + bed.subnet as u16);
     let mut parts = Vec::new();
@@ -159,6 +170,7 @@ pub fn start_job(sim: &mut Sim, bed: &Bed, more: &[&str]) -> Vec<NodeJob> {
         let (nn, rr) = (n.to_string(), r.to_string());
         let child = bed
             .command(&node, Path::new("/usr/bin/setsid"))
+            .args(wrap(r))
             .arg(artifact("cuda-sim-app"))
             .args(["--log", log.to_str().unwrap(), "--ranks", "1", "--mib", "8"])
             .args(["--shm-mib", "4", "--nnodes", &nn, "--node-rank", &rr])
@@ -316,25 +328,23 @@ impl Scene {
 
     /// `criu-gpu restore --nnodes 2 ...` started on every node (as `dumps`).
     pub fn restores(&self, more: &[&[&str]], criu: &[&[&str]]) -> Vec<(String, Child)> {
-        self.job
-            .iter()
-            .enumerate()
-            .map(|(r, p)| {
-                let mut args: Vec<String> =
-                    ["restore", "--nnodes", "2"].map(str::to_owned).to_vec();
-                args.extend(self.rdzv_args());
-                args.extend(
-                    more.get(r)
-                        .unwrap_or(&&[][..])
-                        .iter()
-                        .map(|s| s.to_string()),
-                );
-                args.push(self.dirs[r].display().to_string());
-                let criu = criu.get(r).copied().unwrap_or(&[]);
-                let child = criu_gpu_on(&self.sim, &self.bed, &self.c, &p.node, &args, criu, &[]);
-                (p.node.clone(), child)
+        (0..self.job.len())
+            .map(|r| {
+                let more = more.get(r).copied().unwrap_or(&[]);
+                self.restore_on(r, more, criu.get(r).copied().unwrap_or(&[]))
             })
             .collect()
+    }
+
+    /// `criu-gpu restore --nnodes 2 ... DIR` started on node `r` alone, of its part in `dirs[r]`.
+    pub fn restore_on(&self, r: usize, more: &[&str], criu: &[&str]) -> (String, Child) {
+        let node = &self.job[r].node;
+        let mut args: Vec<String> = ["restore", "--nnodes", "2"].map(str::to_owned).to_vec();
+        args.extend(self.rdzv_args());
+        args.extend(more.iter().map(|s| s.to_string()));
+        args.push(self.dirs[r].display().to_string());
+        let child = criu_gpu_on(&self.sim, &self.bed, &self.c, node, &args, criu, &[]);
+        (node.clone(), child)
     }
 
     fn rdzv_args(&self) -> Vec<String> {

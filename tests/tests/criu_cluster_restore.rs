@@ -51,6 +51,29 @@ fn a_node_restored_late_finds_its_peers_connections_held_not_reset() {
 }
 
 #[test]
+fn a_node_whose_restore_starts_late_is_waited_for() {
+    let s = Scene::up(&["--collective-ms", "5"]);
+    all_ok(s.dumps(&[], &[], &[]));
+    s.wait_job_gone();
+    // Node 0's restore starts; node 1's agent comes 8 s later (within --rdzv-timeout): node 0
+    // waits for it before anything of its part is restored, and shows whom it waits for.
+    let first = s.restore_on(0, &[], &[]);
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    assert!(
+        !s.dirs[0].join("restore.log").exists(),
+        "node 0 ran CRIU before node 1 came"
+    );
+    let late = s.restore_on(1, &[], &[]);
+    let texts = all_ok(vec![first, late]);
+    assert!(
+        texts[0].contains("node 1 not there") && texts[0].contains("cluster: all 2 nodes joined"),
+        "{}",
+        texts[0]
+    );
+    s.assert_goes_on();
+}
+
+#[test]
 fn a_snapshot_across_nodes_is_rolled_back_after_the_job_went_on() {
     // Each rank's journal is held open, as a training log is: it grows after the snapshot.
     let s = Scene::up(&["--collective-ms", "5", "--journal", "{dir}/journal-{node}"]);

@@ -16,7 +16,7 @@ use super::store::Store;
 use super::torchrun;
 use super::watch::{self, Watch};
 use super::{addresses, hostname, Across, ClusterError};
-use crate::job::plan::Plan;
+use crate::job::plan::{Plan, Problem};
 use crate::job::{self, JobError, Outcome, Request};
 use crate::out;
 
@@ -58,14 +58,19 @@ pub fn dump(
     )?);
     let result = dump_in(&op, (pid, &facts), leave_running, r, across, &me, &plan);
     if let Err(e) = &result {
-        op.abort(&format!("node {rank}: {e}"));
+        op.abort(&abort_reason(e));
     }
     op.leave();
     result
 }
 
 pub(super) fn problems(plan: &Plan) -> Vec<String> {
-    plan.problems
+    described(&plan.problems)
+}
+
+/// Each problem and its fix, in a line.
+fn described(problems: &[Problem]) -> Vec<String> {
+    problems
         .iter()
         .map(|p| {
             if p.fix.is_empty() {
@@ -75,6 +80,18 @@ pub(super) fn problems(plan: &Plan) -> Vec<String> {
             }
         })
         .collect()
+}
+
+/// Why this node stops the job's operation, for the other nodes (each abort is shown there as
+/// "node R: WHY"): a refusal names each problem and its fix, as this node shows them.
+pub(super) fn abort_reason(e: &JobError) -> String {
+    match e {
+        JobError::Refused(problems) => format!(
+            "its preflight refused the job: {}",
+            described(problems).join("; ")
+        ),
+        e => e.to_string(),
+    }
 }
 
 /// Refuses when any node's preflight found problems: every node says which.

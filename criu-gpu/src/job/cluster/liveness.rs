@@ -51,7 +51,7 @@ fn fresh(op: &Op, agents: &[Agent], limit: Duration) -> Result<(), String> {
     op.meet("held", "the hold (every node back, stopped)", limit)?;
     if let Some(agent) = agents.iter().find(|a| serves_here(a)) {
         if let Err(why) = refresh(agent) {
-            op.abort(&format!("node {}: {why}", op.rank));
+            op.abort(&why);
             return Err(why);
         }
     }

@@ -375,7 +375,7 @@ impl Op {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
             if let Some(why) = watch::gone(&members) {
-                self.abort(&format!("node {}: {why}", self.rank));
+                self.abort(&why);
                 return Err(why);
             }
         }

@@ -54,7 +54,7 @@ pub fn restore(how: &RestoreHow, r: &Request, across: &Across) -> Result<Outcome
     )?);
     let result = restore_in(&op, (&part, &rec), how, r, across, &plan, env, &criu);
     if let Err(e) = &result {
-        op.abort(&format!("node {}: {e}", part.node_rank));
+        op.abort(&super::dump::abort_reason(e));
     }
     op.leave();
     result

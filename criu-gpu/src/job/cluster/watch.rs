@@ -67,7 +67,7 @@ impl Watch {
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) && !op.decided() {
                 if let Some(why) = gone(&members) {
-                    op.abort(&format!("node {}: {why}", op.rank));
+                    op.abort(&why);
                     return;
                 }
                 std::thread::sleep(EVERY);
