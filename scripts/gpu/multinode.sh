@@ -7,57 +7,65 @@
 #   ref        the uninterrupted run: the reference
 #   chain      CYCLES coordinated dumps of one run, each restored; a table (step, dump and
 #              restore seconds, lock rounds); every logged loss, all_reduce check, the parameters
-#              and the ballast equal to the reference
-#   gap        a dump restored GAP seconds later (more than torchrun's 15 s): the restore sets the
-#              rendezvous heartbeats fresh before any agent runs, the agents keep them fresh after
-#              (read from the store three times), both nodes stay participants; equal to ref
-#   kill-criu  node B's CRIU SIGKILLed once both nodes locked: both dumps fail, the job goes on,
-#              equal to ref
-#   etcd-stop  etcd stopped at the same point: the same (etcd is started again after)
+#              and the ballast equal to the reference. Within the same run, before the first
+#              dump, the preflight's refusals (each refused before anything is frozen): etcd
+#              unreachable, another --nnodes, a second dump of the job while one runs; at cycle
+#              2's restore, parts refused by name (of another job; node B's of the dump before);
+#              at cycle 3, node B's restore started LATE seconds after node A's
 #   newaddr    node A's part restored on a spare node at another address (m0), node B's in
 #              place: every connection of the job moves with node A (the address map the nodes
 #              derive); equal to ref
-#   one-node   the same job, two ranks on node A (torchrun --standalone) and CYCLES_ONE dumps:
-#              the lock rounds, dump and restore times to set the two-node ones against
+#   kill-criu  node B's CRIU SIGKILLed once both nodes locked: both dumps fail, the job goes on,
+#              equal to ref
+#   etcd-stop  etcd stopped at the same point: the same (etcd is started again after)
+#   rank-dies  node B's rank SIGKILLed at the same point: both dumps fail, no CUDA process is
+#              left locked or checkpointed, node A's rank is running or gone
+#   gap        a dump restored GAP seconds later (more than torchrun's 15 s): the restore sets the
+#              rendezvous heartbeats fresh before any agent runs, the agents keep them fresh after
+#              (read from the store three times), both nodes stay participants; equal to ref
 #   mpi        an Open MPI job (tests/mpi/cuda-mpi-app.c: its data on each node's GPU, summed
 #              with MPI_Allreduce host-staged over TCP), mpirun on A starting orted on B through
-#              netbed's rsh, dumped and restored on both nodes; needs mpirun and mpicc (skipped
-#              where there are none: the GPU machine has no Open MPI)
-# Each part is bounded and prints PASS or FAIL with what it saw; results go to $OUT as they come.
-# On the GPU machine (needs .carry: scripts/gpu/pack-carry.sh), in calls of < 10 minutes:
-#   OUT=$OUT scripts/gpu/multinode.sh "ref chain"
-#   OUT=$OUT scripts/gpu/multinode.sh "ref gap kill-criu etcd-stop"
-#   OUT=$OUT scripts/gpu/multinode.sh "ref one-node newaddr"
+#              netbed's rsh, dumped and restored on both nodes (the GPU machine has no Open MPI:
+#              .carry/mpi, Debian's, is used where it is there)
+#   one-node   the same job, two ranks on node A (torchrun --standalone) and CYCLES_ONE dumps:
+#              the lock rounds, dump and restore times to set the two-node ones against
+# Each part is bounded and prints PASS, FAIL or SKIP with what it saw; results go to $OUT as they
+# come; at the end a table of the parts (result, seconds) and the times of two nodes against one.
+# A part that would not end within BUDGET seconds of the start is skipped, named in the table.
+# On the GPU machine (2 GPUs; needs .carry: scripts/gpu/pack-carry.sh), one call of < 10 minutes:
+#   OUT=$OUT scripts/gpu/multinode.sh
 # --sim: on this machine: CPU torch (gloo) on the simulated GPU, target/debug's binaries, the
-# installed CRIU and etcd, PYTHON a Python with torch (STEPS, CYCLES smaller by default).
-# Environment: CYCLES (20; sim 3), CYCLES_ONE (10; sim 2), STEPS (1500; sim 400), GAP (20),
-# BALLAST (GiB per rank: 0.25; sim 0), PYTHON (python3).
+# installed CRIU and etcd, PYTHON a Python with torch (STEPS, CYCLES smaller by default);
+# MPI=carried: the MPI job with .carry/mpi's Open MPI (run it under a mount namespace that
+# hides the system's to prove the carry).
+# Environment: CYCLES (20; sim 3), CYCLES_ONE (5; sim 2), STEPS (1000; sim 400), GAP (20), LATE
+# (8), BALLAST (GiB per rank: 0.25; sim 0), BUDGET (seconds: 570; sim 3000), PYTHON (python3).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 sim=0
 [ "${1:-}" = --sim ] && { sim=1; shift; }
-PARTS=${1:-"ref chain gap kill-criu etcd-stop one-node"}
+PARTS=${1:-"ref chain newaddr kill-criu etcd-stop rank-dies gap mpi one-node"}
 OUT=${OUT:-/tmp/multinode}
 PYTHON=${PYTHON:-python3}
-GAP=${GAP:-20}
+GAP=${GAP:-20} LATE=${LATE:-8}
 W=/dev/shm/multinode
 mkdir -p "$OUT" "$W"
 LOG_FILE=$OUT/multinode.log
 # shellcheck source=scripts/gpu/job-lib.sh
 . "$here/job-lib.sh"
 if [ $sim = 1 ]; then
-	CYCLES=${CYCLES:-3} CYCLES_ONE=${CYCLES_ONE:-2} STEPS=${STEPS:-400} BALLAST=${BALLAST:-0}
+	CYCLES=${CYCLES:-3} CYCLES_ONE=${CYCLES_ONE:-2} STEPS=${STEPS:-400} BALLAST=${BALLAST:-0} BUDGET=${BUDGET:-3000}
 	BIN=$root/target/debug
 	CRIU=${CRIU:-/usr/local/sbin/criu} ETCD=${ETCD:-/usr/bin/etcd}
 	DEVICE=cpu MODEL=mlp
 else
-	CYCLES=${CYCLES:-20} CYCLES_ONE=${CYCLES_ONE:-10} STEPS=${STEPS:-1500} BALLAST=${BALLAST:-0.25}
+	CYCLES=${CYCLES:-20} CYCLES_ONE=${CYCLES_ONE:-5} STEPS=${STEPS:-1000} BALLAST=${BALLAST:-0.25} BUDGET=${BUDGET:-570}
 	BIN=$root/.carry/bin
 	CRIU=$BIN/criu ETCD=$BIN/etcd
 	DEVICE=cuda MODEL=wide
 fi
-CRIU_GPU=$BIN/criu-gpu NETBED=$BIN/netbed
+CRIU_GPU=$BIN/criu-gpu NETBED=$BIN/netbed CTL=$BIN/cuda-checkpoint-ctl
 TORCHRUN=$(dirname "$(command -v "$PYTHON")")/torchrun
 JOB=$here/ddp-job.py
 BED=$W/bed
@@ -73,7 +81,7 @@ export NCCL_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0 NCCL_IB_DISABLE=1 NCCL_P2
 
 fix="scripts/gpu/pack-carry.sh; PYTHON: a Python with torch"
 [ $sim = 1 ] && fix="cargo build --workspace; PYTHON: a Python with torch (CPU is enough)"
-for f in "$CRIU_GPU" "$NETBED" "$CRIU" "$ETCD" "$TORCHRUN"; do
+for f in "$CRIU_GPU" "$NETBED" "$CTL" "$CRIU" "$ETCD" "$TORCHRUN"; do
 	[ -x "$f" ] || { echo "multinode.sh: $f is missing ($fix)" >&2; exit 1; }
 done
 
@@ -103,7 +111,7 @@ log "$("$PYTHON" -c 'import torch; print("torch", torch.__version__, "nccl", tor
 etcd_pid=
 cleanup() {
 	local p
-	for p in $(pgrep -f "$W/(ref|chain|gap|kill|etcd|one|newaddr)" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+	for p in $(pgrep -f "$W/(ref|chain|gap|kill|etcd|rank|one|newaddr|mpi)" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
 	[ -z "$etcd_pid" ] || kill "$etcd_pid" 2>/dev/null
 	[ -z "$daemon" ] || kill "$daemon" 2>/dev/null
 	"$NETBED" down "$BED" 2>/dev/null
@@ -136,12 +144,14 @@ last_step() {
 }
 wait_step() { local t=0; while [ "$(last_step "$1")" -lt "$2" ]; do t=$((t + 1)); [ $t -ge $(($3 * 10)) ] && return 1; sleep 0.1; done; }
 finished() { local t=0; while ! { grep -q '^done' "$1/rank0.log" 2>/dev/null && grep -q '^done' "$1/rank1.log" 2>/dev/null; }; do t=$((t + 1)); [ $t -ge $(($2 * 10)) ] && return 1; sleep 0.1; done; }
-# same DIR: every logged step, loss, all_reduce check, the parameters and the ballast equal ref's
+# same DIR [N]: every logged step, loss, all_reduce check, the parameters and the ballast equal
+# ref's; with N, the steps up to N only (the run is stopped there)
 same() {
-	local r
+	local r lines=(grep -E '^(step|params|ballast|store)')
+	# shellcheck disable=SC2016 # awk's own variables
+	[ -n "${2:-}" ] && lines=(awk -v n="$2" '$1 == "step" && $2 <= n')
 	for r in 0 1; do
-		diff <(grep -E '^(step|params|ballast|store)' "$W/ref/rank$r.log") <(grep -E '^(step|params|ballast|store)' "$1/rank$r.log") \
-			>"$OUT/diff.$(basename "$1").$r" || return 1
+		diff <("${lines[@]}" "$W/ref/rank$r.log") <("${lines[@]}" "$1/rank$r.log") >"$OUT/diff.$(basename "$1").$r" || return 1
 	done
 	! grep -q BAD "$1"/rank*.log
 }
@@ -164,8 +174,9 @@ start() {
 stop_job() { kill_job "${AGENT[0]}"; kill_job "${AGENT[1]}"; }
 
 # both OUTFILE ARGS...: `criu-gpu ARGS` on both nodes at once (NODE in ARGS: 0 or 1; AGENT: the
-# node's torchrun); OUTFILE.R gets each node's output; RC[R] its exit status, SECS[R] its seconds
-declare -a RC SECS
+# node's torchrun; DELAY[R]: seconds node R starts late); OUTFILE.R gets each node's output;
+# RC[R] its exit status, SECS[R] its seconds
+declare -a RC SECS DELAY=(0 0)
 both() {
 	local out=$1 r a pids=() t0
 	shift
@@ -173,7 +184,7 @@ both() {
 	for r in 0 1; do
 		a=("${@//NODE/$r}")
 		a=("${a[@]//AGENT/${AGENT[$r]}}")
-		on "${NODES[$r]}" "$CRIU_GPU" "${a[@]}" --criu "$CRIU" -- --lib "$PLUG" >"$out.$r" 2>&1 &
+		{ sleep "${DELAY[r]}"; on "${NODES[$r]}" "$CRIU_GPU" "${a[@]}" --criu "$CRIU" -- --lib "$PLUG"; } >"$out.$r" 2>&1 &
 		pids+=($!)
 	done
 	for r in 0 1; do
@@ -207,7 +218,9 @@ cycle() {
 	local name=$1 job=$2 i=$3 at pids dt rt
 	at=$(last_step "$DIR")
 	pids=$(tree_pids)
-	rm -rf "$W/img-$job-0" "$W/img-$job-1"
+	# Node B's part of the dump before stays (refused by name at cycle 2).
+	rm -rf "$W/img-$job-0" "$W/img-$job-before-1"
+	[ -d "$W/img-$job-1" ] && mv "$W/img-$job-1" "$W/img-$job-before-1"
 	dump_both "$OUT/$name.dump" "$job"
 	if [ "${RC[0]}" != 0 ] || [ "${RC[1]}" != 0 ]; then
 		fail "$name: cycle $i (step $at): dump rc ${RC[*]}: $(grep -hE 'stopped|Error|problem' "$OUT/$name.dump".[01] | head -3 | tr '\n' ' ')"
@@ -217,7 +230,13 @@ cycle() {
 	wait "${AGENT[0]}" "${AGENT[1]}" 2>/dev/null # our children until the first restore
 	# shellcheck disable=SC2086
 	wait_gone $pids || log "$name: cycle $i: the dumped processes are still there"
+	[ "$name" = chain ] && [ "$i" = 2 ] && refused_parts "$job"
+	[ "$name" = chain ] && [ "$i" = 3 ] && DELAY=(0 "$LATE")
 	restore_both "$OUT/$name.restore" "$job"
+	if [ "${DELAY[1]}" != 0 ]; then
+		DELAY=(0 0)
+		late_seen "$OUT/$name.restore"
+	fi
 	if [ "${RC[0]}" != 0 ] || [ "${RC[1]}" != 0 ]; then
 		fail "$name: cycle $i: restore rc ${RC[*]}: $(grep -hE 'stopped|Error|problem' "$OUT/$name.restore".[01] | head -3 | tr '\n' ' ')"
 		return 1
@@ -227,17 +246,85 @@ cycle() {
 	log "$name: cycle $i at step $at: dump $dt s, restore $rt s; $(rounds "$OUT/$name.dump.0")"
 }
 
+# refused NAME OUT RC WANT IMG: a refusal that came with WANT in its words, CRIU never having run
+refused() {
+	if [ "$3" != 0 ] && grep -q -- "$4" "$2" && ! [ -e "$5/dump.log" ]; then
+		pass "$1: refused before anything was frozen: $(grep -m1 -- "$4" "$2" | cut -c1-200)"
+	else
+		fail "$1: rc $3, wanted '$4': $(tail -2 "$2" | tr '\n' ' ')"
+	fi
+}
+
+# preflight_refusals JOB: with the job running, the dumps the preflight refuses before any lock
+preflight_refusals() {
+	local job=$1 first rc
+	log "$job: the preflight's refusals, the job running"
+	on n0 "$CRIU_GPU" dump --nnodes 2 --node-rank 0 --rdzv "etcd://$ETCD_ADDR:1/$job" "${AGENT[0]}" "$W/img-refused" \
+		--criu "$CRIU" -- --lib "$PLUG" >"$OUT/refuse-etcd.out" 2>&1
+	refused refuse-etcd "$OUT/refuse-etcd.out" $? "cannot be reached" "$W/img-refused"
+	# Node A opens a dump and waits for node B, which does not come (8 s) ...
+	on n0 "$CRIU_GPU" dump --nnodes 2 --node-rank 0 --rdzv "$RDZV/$job" --rdzv-timeout 8 "${AGENT[0]}" "$W/img-first" \
+		--criu "$CRIU" -- --lib "$PLUG" >"$OUT/refuse-first.out" 2>&1 &
+	first=$!
+	for _ in $(seq 150); do grep -q "joined the dump" "$OUT/refuse-first.out" && break; sleep 0.1; done
+	# ... while a second dump of node A's part, and node B with another --nnodes, are refused.
+	on n0 "$CRIU_GPU" dump --nnodes 2 --node-rank 0 --rdzv "$RDZV/$job" "${AGENT[0]}" "$W/img-second" \
+		--criu "$CRIU" -- --lib "$PLUG" >"$OUT/refuse-second.out" 2>&1
+	refused refuse-second-dump "$OUT/refuse-second.out" $? "is running" "$W/img-second"
+	on n1 "$CRIU_GPU" dump --nnodes 3 --node-rank 1 --rdzv "$RDZV/$job" "${AGENT[1]}" "$W/img-nnodes" \
+		--criu "$CRIU" -- --lib "$PLUG" >"$OUT/refuse-nnodes.out" 2>&1
+	refused refuse-nnodes "$OUT/refuse-nnodes.out" $? "with --nnodes 2" "$W/img-nnodes"
+	wait "$first"
+	rc=$?
+	refused refuse-missing-node "$OUT/refuse-first.out" "$rc" "node(s) 1 of job $job did not join" "$W/img-first"
+	rm -rf "$W/img-refused" "$W/img-first" "$W/img-second" "$W/img-nnodes"
+}
+
+# refused_parts JOB: the job dumped, its processes gone: parts of another job, and of two dumps,
+# are refused by name on both nodes (the images stay as they are: the restore after uses them)
+refused_parts() {
+	local job=$1 want
+	both "$OUT/refuse-job" restore --nnodes 2 --rdzv "$RDZV/other-$job" --rdzv-timeout 30 "$W/img-$job-NODE"
+	want="this restore is of job other-$job"
+	if [ "${RC[0]}" != 0 ] && [ "${RC[1]}" != 0 ] && grep -q "$want" "$OUT/refuse-job.0" && grep -q "$want" "$OUT/refuse-job.1"; then
+		pass "refuse-other-job: $(grep -m1 "$want" "$OUT/refuse-job.1" | cut -c1-200)"
+	else
+		fail "refuse-other-job: rc ${RC[*]}: $(tail -1 "$OUT/refuse-job.1")"
+	fi
+	# Node A's part of this dump, node B's of the dump before.
+	ln -sfn "$W/img-$job-0" "$W/img-$job-mixed-0"
+	ln -sfn "$W/img-$job-before-1" "$W/img-$job-mixed-1"
+	both "$OUT/refuse-gen" restore --nnodes 2 --rdzv "$RDZV/$job" --rdzv-timeout 30 "$W/img-$job-mixed-NODE"
+	want="restore parts of one dump on every node"
+	if [ "${RC[0]}" != 0 ] && [ "${RC[1]}" != 0 ] && grep -q "$want" "$OUT/refuse-gen.0" && grep -q "$want" "$OUT/refuse-gen.1"; then
+		pass "refuse-other-dump: $(grep -m1 "$want" "$OUT/refuse-gen.0" | cut -c1-200)"
+	else
+		fail "refuse-other-dump: rc ${RC[*]}: $(tail -1 "$OUT/refuse-gen.0")"
+	fi
+	rm -f "$W/img-$job-mixed-0" "$W/img-$job-mixed-1"
+}
+
+# late_seen OUT: node A's restore waited for node B's, which started LATE s after it
+late_seen() {
+	if grep -q "node 1 not there" "$1.0" && grep -q "all 2 nodes joined" "$1.0" && [ "${RC[0]}${RC[1]}" = 00 ]; then
+		pass "late: node B's restore started $LATE s after node A's; node A waited for it (restored in ${SECS[0]}/${SECS[1]} s)"
+	else
+		fail "late: rc ${RC[*]}: $(grep -m2 'cluster:' "$1.0" | tr '\n' ' ')"
+	fi
+}
+
 part_chain() {
 	local i next ok=1
 	log "== $CYCLES coordinated dumps of the two-node job training flat out, each restored"
 	[ -d "$W/ref" ] || { fail "chain: no reference (run ref first)"; return; }
 	start chain
 	printf '%-5s %-6s %-12s %-12s %s\n' cycle step dump_s_A/B restore_s_A/B lock >"$OUT/chain.tsv"
-	next=$((30 + RANDOM % 30))
+	wait_step "$DIR" 20 240 && preflight_refusals chain
+	next=$(($(last_step "$DIR") + 20 + RANDOM % 20))
 	for i in $(seq 1 "$CYCLES"); do
 		wait_step "$DIR" "$next" 240 || { fail "chain: cycle $i: no step $next: $(tail -2 "$DIR/stdout0" | tr '\n' ' ')"; ok=0; break; }
 		cycle chain chain "$i" || { ok=0; break; }
-		next=$(($(last_step "$DIR") + 20 + RANDOM % 30))
+		next=$(($(last_step "$DIR") + 20 + RANDOM % 20))
 	done
 	if [ $ok = 1 ]; then
 		if finished "$DIR" 400 && same "$DIR"; then
@@ -246,7 +333,6 @@ part_chain() {
 			fail "chain: the run differs from the reference or did not finish: $(head -3 "$OUT"/diff.chain.* 2>/dev/null | tr '\n' ' ')"
 		fi
 	fi
-	cat "$OUT/chain.tsv" >>"$LOG_FILE"
 	stop_job
 }
 
@@ -290,19 +376,21 @@ part_gap() {
 		# Two participants, every heartbeat younger than torchrun's 15 s.
 		echo "$hb" | awk '/participants 2,/ { for (i = 5; i <= NF; i++) if ($i + 0 >= 15) exit 1; ok = 1 } END { exit !ok }' || ok=0
 	done
-	if [ $ok = 1 ] && finished "$DIR" 400 && same "$DIR"; then
-		pass "gap: restored $GAP s after the dump: the heartbeats were made fresh before any agent ran and stayed fresh, both nodes participants; the run equals the uninterrupted one"
+	i=$(last_step "$DIR")
+	if [ $ok = 1 ] && [ "$i" -gt 0 ] && same "$DIR" "$i"; then
+		pass "gap: restored $GAP s after the dump: the heartbeats were made fresh before any agent ran and stayed fresh, both nodes participants; every step to $i equals the uninterrupted run's"
 	else
 		fail "gap: heartbeats or the run: $(tail -2 "$DIR/rank0.log" | tr '\n' ' ')"
 	fi
 	stop_job
 }
 
-# interrupted NAME WHAT: both nodes dump; once node B's ranks are locked (on the simulated GPU,
-# where the CPU job locks nothing: once node B's CRIU is at its pre-dump action, held there
-# 5 s), WHAT runs; both dumps must fail and the job go on to its end equal to ref
+# interrupted NAME WHAT [VERDICT]: both nodes dump; once node B's ranks are locked (on the
+# simulated GPU, where the CPU job locks nothing: once node B's CRIU is at its pre-dump action,
+# held there 5 s), WHAT runs; both dumps must fail and VERDICT hold (went_on: the job goes on to
+# its end equal to ref)
 interrupted() {
-	local name=$1 what=$2 r pids=() mark hold=() a
+	local name=$1 what=$2 verdict=${3:-went_on} r pids=() mark hold=() a
 	[ -d "$W/ref" ] || { fail "$name: no reference"; return; }
 	start "$name"
 	wait_step "$DIR" 100 240 || { fail "$name: no step 100"; stop_job; return; }
@@ -327,13 +415,34 @@ interrupted() {
 	wait "${pids[0]}"; RC[0]=$?
 	wait "${pids[1]}"; RC[1]=$?
 	log "$name: rc ${RC[*]}; $(grep -h 'cluster: stopped\|cannot pass' "$OUT/$name".dump.? | head -2 | tr '\n' ' ')"
-	if [ "${RC[0]}" != 0 ] && [ "${RC[1]}" != 0 ] && finished "$DIR" 400 && same "$DIR"; then
-		pass "$name: both dumps failed, every rank went on; the run equals the uninterrupted one"
+	if [ "${RC[0]}" != 0 ] && [ "${RC[1]}" != 0 ] && $verdict "$name"; then
+		pass "$name: both dumps failed; $VERDICT"
 	else
-		fail "$name: rc ${RC[*]}; $(tail -2 "$DIR/rank0.log" | tr '\n' ' ')"
+		fail "$name: rc ${RC[*]}; $VERDICT; $(tail -2 "$DIR/rank0.log" | tr '\n' ' ')"
 	fi
 	stop_job
 }
+# went_on NAME: every rank went on, AFTER steps past the failed dump, each equal to the
+# uninterrupted run's (VERDICT says what held)
+AFTER=150
+went_on() {
+	local upto=$(($(last_step "$DIR") + AFTER))
+	[ $upto -gt "$STEPS" ] && upto=$STEPS
+	VERDICT="every rank went on; every step to $upto equals the uninterrupted run's"
+	wait_step "$DIR" "$upto" 120 && same "$DIR" "$upto"
+}
+# nothing_held NAME: no CUDA process is left locked or checkpointed; node A's rank runs or is gone
+nothing_held() {
+	local rank0 st
+	rank0=$(grep -oE 'pid=[0-9]+' "$DIR/rank0.log" | head -1 | cut -d= -f2)
+	sleep 1
+	st=$(on n0 "$CTL" --get-state --pid "$rank0" 2>&1 | tail -1)
+	"$CTL" --list >"$OUT/$1.list" 2>&1
+	VERDICT="node A's rank ($rank0): '${st:0:60}'; CUDA processes: $(tail -n +2 "$OUT/$1.list" | tr -s ' ' | tr '\n' ';' | cut -c1-200)"
+	! grep -qE ' (locked|checkpointed) ' "$OUT/$1.list" && { [ "$st" = running ] || ! [ -d "/proc/$rank0" ]; }
+}
+kill_b_rank() { kill -9 "$(grep -oE 'pid=[0-9]+' "$DIR/rank1.log" | head -1 | cut -d= -f2)"; }
+part_rank-dies() { log "== node B's rank SIGKILLed in the middle of the dump"; interrupted rank-dies kill_b_rank nothing_held; }
 kill_b_criu() { pkill -9 -f "criu(.real)? dump .*-D $W/img-kill-criu-1( |$)"; }
 stop_etcd() { kill "$etcd_pid"; wait "$etcd_pid" 2>/dev/null; etcd_pid=; }
 part_kill-criu() { log "== node B's CRIU SIGKILLed in the middle of the dump"; interrupted kill-criu kill_b_criu; }
@@ -369,8 +478,10 @@ part_newaddr() {
 	sleep 7
 	hb=$(heartbeats newaddr m0 "$SPARE")
 	log "newaddr: 7 s after the restore: $hb"
-	if finished "$DIR" 400 && same "$DIR"; then
-		pass "newaddr: node A's part restored on m0 ($SPARE), node B's in place; the run equals the uninterrupted one"
+	i=$(($(last_step "$DIR") + AFTER))
+	[ $i -gt "$STEPS" ] && i=$STEPS
+	if wait_step "$DIR" "$i" 120 && same "$DIR" "$i"; then
+		pass "newaddr: node A's part restored on m0 ($SPARE), node B's in place; every step to $i equals the uninterrupted run's"
 	else
 		fail "newaddr: $(tail -2 "$DIR/rank0.log" | tr '\n' ' ')"
 	fi
@@ -400,13 +511,31 @@ part_one-node() {
 			"$(grep -oE 'in [0-9.]+ s' "$OUT/one-node.restore" | tail -1 | cut -d' ' -f2)" "$(rounds "$OUT/one-node.dump")" >>"$OUT/one-node.tsv"
 		next=$(($(last_step "$DIR") + 30))
 	done
+	i=$(last_step "$DIR")
 	kill_job "${AGENT[0]}"
-	cat "$OUT/one-node.tsv" >>"$LOG_FILE"
-	# Two nodes against one: the medians of the chain's and this table's times.
-	if [ -s "$OUT/chain.tsv" ]; then
-		log "dump and restore seconds, median: two nodes (A/B) $(awk 'NR > 1 { print $3 }' "$OUT/chain.tsv" | sort -t/ -k1 -n | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }') / $(awk 'NR > 1 { print $4 }' "$OUT/chain.tsv" | sort -t/ -k1 -n | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }'); one node $(awk 'NR > 1 { print $3 }' "$OUT/one-node.tsv" | sort -n | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }') / $(awk 'NR > 1 { print $4 }' "$OUT/one-node.tsv" | sort -n | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }')"
+	# The same job on one node: the same steps (as a check of the baseline, not of the dumps).
+	if same "$DIR" "$i"; then
+		log "one-node: every step to $i equals the two-node reference's"
+	else
+		log "one-node: its steps differ from the two-node reference's ($OUT/diff.one.0)"
 	fi
-	pass "one-node: $CYCLES_ONE dumps of the job on one node (the baseline: one-node.tsv)"
+	pass "one-node: $CYCLES_ONE dumps of the job on one node, each restored (the baseline: one-node.tsv)"
+}
+
+# median FILE COLUMN: the median of a column of a table (A/B: of the larger of the two)
+median() {
+	awk -v c="$2" 'NR > 1 { n = split($c, v, "/"); m = v[1]; if (n > 1 && v[2] > m) m = v[2]; print m }' "$1" |
+		sort -n | awk '{ a[NR] = $0 } END { if (NR) print a[int((NR + 1) / 2)]; else print "-" }'
+}
+# in_one FILE: how many dumps of a table locked in one round, of how many
+in_one() { echo "$(grep -c 'after 1 round(s)' "$1") of $(($(wc -l <"$1") - 1))"; }
+# compare_times: two nodes against one (the slower node's time per dump; medians)
+compare_times() {
+	local d2 r2 d1 r1
+	d2=$(median "$OUT/chain.tsv" 3) r2=$(median "$OUT/chain.tsv" 4)
+	d1=$(median "$OUT/one-node.tsv" 3) r1=$(median "$OUT/one-node.tsv" 4)
+	log "median dump / restore seconds: two nodes (the slower) $d2 / $r2, one node $d1 / $r1; ratio $(awk -v a="$d2" -v b="$d1" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }') / $(awk -v a="$r2" -v b="$r1" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')"
+	log "the GPU lock in one round: two nodes $(in_one "$OUT/chain.tsv"), one node $(in_one "$OUT/one-node.tsv")"
 }
 
 # oks LOG: the steps the MPI rank checked (0 before its log exists)
@@ -418,24 +547,35 @@ mpi_roots() { echo "$MPIRUN $(pgrep -P "$RSHD" | head -1)"; }
 part_mpi() {
 	local app=$W/cuda-mpi-app agent=$W/rsh-agent log=$W/mpi/mpi r roots=() pids
 	log "== an Open MPI job, one rank per node, its data on the GPU: dumped and restored across the nodes"
-	if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
-		log "SKIP mpi: no Open MPI (mpirun, mpicc) on this machine (docs/known-limits.md)"
-		return
-	fi
+	local keep_path=$PATH
 	rm -rf "$W/mpi" && mkdir -p "$W/mpi"
-	mpicc -O2 -o "$app" "$root/tests/mpi/cuda-mpi-app.c" -ldl || { fail "mpi: mpicc"; return; }
-	# shellcheck disable=SC2016 # the agent's own variables
-	printf '#!/bin/sh\nhost=$1\nshift\nexec %s rsh "$host:7777" "$@"\n' "$NETBED" >"$agent" && chmod +x "$agent"
 	# The simulated driver for the ranks of both nodes (orted's environment is rshd's).
 	[ $sim = 1 ] && export LD_LIBRARY_PATH=$W/sim
-	"$NETBED" rshd "$BED" n1 7777 </dev/null >"$OUT/rshd.log" 2>&1 &
+	if [ $sim = 0 ] || [ "${MPI:-}" = carried ]; then
+		# The GPU machine has no Open MPI: Debian's, carried (scripts/gpu/pack-carry.sh).
+		[ -f "$root/.carry/mpi/env.sh" ] || { fail "mpi: no .carry/mpi (scripts/gpu/pack-carry.sh)"; unset LD_LIBRARY_PATH; return; }
+		# shellcheck source=/dev/null
+		. "$root/.carry/mpi/env.sh"
+		app=$root/.carry/bin/cuda-mpi-app
+		log "mpi: the carried Open MPI: $(command -v mpirun), OPAL_PREFIX=$OPAL_PREFIX"
+	elif command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
+		mpicc -O2 -o "$app" "$root/tests/mpi/cuda-mpi-app.c" -ldl || { fail "mpi: mpicc"; return; }
+	else
+		log "SKIP mpi: no Open MPI (mpirun, mpicc) on this machine (scripts/install.sh installs it)"
+		unset LD_LIBRARY_PATH
+		return
+	fi
+	# shellcheck disable=SC2016 # the agent's own variables
+	printf '#!/bin/sh\nhost=$1\nshift\nexec %s rsh "$host:7777" "$@"\n' "$NETBED" >"$agent" && chmod +x "$agent"
+	CUDA_VISIBLE_DEVICES=1 "$NETBED" rshd "$BED" n1 7777 </dev/null >"$OUT/rshd.log" 2>&1 &
 	RSHD=$!
-	"$NETBED" exec "$BED" n0 -- setsid mpirun --allow-run-as-root --mca plm_rsh_agent "$agent" --mca btl tcp,self \
+	CUDA_VISIBLE_DEVICES=0 "$NETBED" exec "$BED" n0 -- setsid mpirun --allow-run-as-root --mca plm_rsh_agent "$agent" --mca btl tcp,self \
 		--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 --mca shmem mmap \
 		-np 1 -H "${ADDR[0]}" "$app" "$log" 100000 20 0 : -np 1 -H "${ADDR[1]}" "$app" "$log" 100000 20 1 \
 		</dev/null >"$OUT/mpirun.log" 2>&1 &
 	MPIRUN=$!
-	unset LD_LIBRARY_PATH
+	unset LD_LIBRARY_PATH OPAL_PREFIX PMIX_PREFIX PMIX_MCA_mca_base_component_path
+	PATH=$keep_path
 	for _ in $(seq 600); do [ "$(oks "$log.rank1")" -ge 20 ] && break; sleep 0.1; done
 	read -r -a roots <<<"$(mpi_roots)"
 	if [ "${#roots[@]}" != 2 ] || [ "$(oks "$log.rank1")" -lt 20 ]; then
@@ -464,11 +604,42 @@ part_mpi() {
 	kill -9 $(tree_of "${roots[0]}") $(tree_of "${roots[1]}") "${roots[@]}" "$RSHD" 2>/dev/null
 }
 
+# need PART: about the seconds PART takes on the GPU machine (estimates: a two-node run of
+# STEPS 35 s, a dump and restore 8 s); a part starts only when it fits what is left of BUDGET
+need() {
+	case $1 in
+	ref) echo 40 ;; chain) echo $((60 + CYCLES * 8)) ;; one-node) echo $((40 + CYCLES_ONE * 7)) ;;
+	gap) echo $((50 + GAP)) ;; mpi) echo 25 ;; *) echo 35 ;;
+	esac
+}
+declare -a ROWS
+T0=$SECONDS
 for p in $PARTS; do
 	case $p in
-	ref | chain | gap | kill-criu | etcd-stop | newaddr | one-node | mpi) "part_$p" ;;
-	*) log "unknown part $p" ;;
+	ref | chain | gap | kill-criu | etcd-stop | rank-dies | newaddr | one-node | mpi) ;;
+	*) log "unknown part $p"; continue ;;
 	esac
+	left=$((BUDGET - (SECONDS - T0)))
+	if [ "$(need "$p")" -gt $left ]; then
+		log "SKIP $p: $left s of BUDGET left, it needs about $(need "$p") s"
+		ROWS+=("$p|SKIP (time)|0")
+		continue
+	fi
+	p0=$PASS f0=$FAIL t=$SECONDS
+	"part_$p"
+	r="PASS $((PASS - p0))"
+	[ "$FAIL" -gt "$f0" ] && r="FAIL $((FAIL - f0)), pass $((PASS - p0))"
+	[ "$PASS" = "$p0" ] && [ "$FAIL" = "$f0" ] && r=SKIP
+	ROWS+=("$p|$r|$((SECONDS - t))")
 done
+{
+	printf '%-10s %-22s %s\n' part result seconds
+	for r in "${ROWS[@]}"; do IFS='|' read -r a b c <<<"$r"; printf '%-10s %-22s %s\n' "$a" "$b" "$c"; done
+} >"$OUT/table.txt"
+log "the parts ($((SECONDS - T0)) s in all):"
+tee -a "$LOG_FILE" <"$OUT/table.txt"
+[ -s "$OUT/chain.tsv" ] && { log "chain (two nodes):"; tee -a "$LOG_FILE" <"$OUT/chain.tsv"; }
+[ -s "$OUT/one-node.tsv" ] && { log "one-node (the same job on node A):"; tee -a "$LOG_FILE" <"$OUT/one-node.tsv"; }
+[ -s "$OUT/chain.tsv" ] && [ -s "$OUT/one-node.tsv" ] && compare_times
 log "passed: $PASS failed: $FAIL"
 [ "$FAIL" = 0 ]

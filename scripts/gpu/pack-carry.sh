@@ -10,9 +10,42 @@
 #            for libc)
 #   bin/etcd Debian's etcd-server (Go, links only libc) and bin/netbed (the test bed's nodes as
 #            namespaces): scripts/gpu/multinode.sh
+#   mpi/     Debian 12's Open MPI 4.1 (mpirun, orted, their components and help, PMIx's, and every
+#            library they load but glibc's), relocated by OPAL_PREFIX and PMIX_PREFIX
+#            (mpi/env.sh sets them), and bin/cuda-mpi-app (tests/mpi): multinode.sh's MPI job
 # Then on that machine: export PATH=$PWD/.carry/bin:$PATH.
 # Environment: PREFIX (/usr/local), where install-criu.sh installed CRIU.
 set -euo pipefail
+# carry_openmpi: Open MPI into $out/mpi, laid out as its prefix expects (OPAL_PREFIX: components
+# in lib/x86_64-linux-gnu/openmpi/lib/openmpi3, help in share/openmpi; PMIx's under pmix2), the
+# libraries in mpi/libs; the MPI job's program into bin/.
+carry_openmpi() {
+	local m=$out/mpi l=/usr/lib/x86_64-linux-gnu
+	{ [ -x /usr/bin/orted ] && command -v mpicc >/dev/null; } ||
+		{ echo "pack-carry.sh: Open MPI missing: apt-get install openmpi-bin libopenmpi-dev (scripts/install.sh)" >&2; exit 1; }
+	mkdir -p "$m/bin" "$m/libs" "$m/lib/x86_64-linux-gnu/openmpi/lib" "$m/share" "$m/pmix2/lib"
+	cp /usr/bin/orterun /usr/bin/orted "$m/bin/"
+	ln -s orterun "$m/bin/mpirun"
+	cp -r "$l/openmpi/lib/openmpi3" "$m/lib/x86_64-linux-gnu/openmpi/lib/"
+	cp -r /usr/share/openmpi "$m/share/"
+	cp -r "$l/pmix2/lib/pmix" "$m/pmix2/lib/"
+	cp -r "$l/pmix2/share" "$m/pmix2/"
+	mpicc -O2 -o "$out/bin/cuda-mpi-app" tests/mpi/cuda-mpi-app.c -ldl
+	# Every library these load, but glibc's (the GPU machine's is newer).
+	ldd /usr/bin/orterun /usr/bin/orted "$out/bin/cuda-mpi-app" "$l/pmix2/lib/libpmix.so.2" \
+		"$m"/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/*.so "$m"/pmix2/lib/pmix/*.so 2>/dev/null |
+		awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
+		grep -vE '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux-x86-64)\.so' |
+		while read -r lib; do cp -L "$lib" "$m/libs/"; done
+	cat >"$m/env.sh" <<'ENV'
+# . mpi/env.sh: the carried Open MPI first (its programs, libraries, components and PMIx's).
+m=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# PMIx finds its components by the path it was built with, whatever PMIX_PREFIX says.
+export OPAL_PREFIX=$m PMIX_PREFIX=$m/pmix2 PMIX_MCA_mca_base_component_path=$m/pmix2/lib/pmix PATH=$m/bin:$PATH
+export LD_LIBRARY_PATH=$m/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+ENV
+	echo "Open MPI: $(du -sh "$m" | cut -f1) in $m"
+}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 PREFIX=${PREFIX:-/usr/local}
 out=$root/.carry
@@ -39,6 +72,7 @@ if command -v lz4 >/dev/null; then cp "$(command -v lz4)" "$out/bin/"; fi
 for l in libnftables.so.1 libprotobuf-c.so.1 libnet.so.1 libnftnl.so.11 libxtables.so.12 libjansson.so.4 libmnl.so.0; do
 	cp -L "/lib/x86_64-linux-gnu/$l" "$out/lib/"
 done
+carry_openmpi
 for name in criu criu-stock; do
 	cat >"$out/bin/$name" <<WRAP
 #!/bin/bash
