@@ -129,6 +129,17 @@ pub fn serve(cfg: Config) -> io::Result<()> {
     Ok(())
 }
 
+/// The other end of a session hung up: its process ended (or let go of the device).
+fn peer_gone(conn: &UnixStream) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fd = [PollFd::new(conn, PollFlags::RDHUP | PollFlags::HUP)];
+    let now = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(poll(&mut fd, Some(&now)), Ok(n) if n > 0)
+}
+
 impl Daemon {
     fn session(&self, conn: UnixStream) {
         let pid = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
@@ -157,7 +168,7 @@ impl Daemon {
                     );
                 }
             }
-            let answer = self.handle(id, &mut allocs, req);
+            let answer = self.handle(id, &mut allocs, req, || peer_gone(&conn));
             if proto::send_answer(&mut writer, &answer)
                 .and_then(|()| writer.flush())
                 .is_err()
@@ -173,7 +184,14 @@ impl Daemon {
         st.clients.remove(&id);
     }
 
-    fn handle(&self, id: u64, allocs: &mut Allocs, req: Request) -> Answer {
+    /// `gone`: the process that asked has ended (it closed its end of the session).
+    fn handle(
+        &self,
+        id: u64,
+        allocs: &mut Allocs,
+        req: Request,
+        gone: impl Fn() -> bool,
+    ) -> Answer {
         match req {
             Request::Hello { .. } => Ok(Reply::Hello {
                 driver_version: self.driver_version.clone(),
@@ -213,7 +231,7 @@ impl Daemon {
                 ms,
             } => {
                 std::thread::sleep(Duration::from_millis(ms as u64));
-                if self.collectives.meet(group, seq, ranks, PEER_WAIT) {
+                if self.collectives.meet(group, seq, ranks, PEER_WAIT, gone) {
                     Ok(Reply::Done)
                 } else {
                     Err(code::UNKNOWN)
