@@ -540,6 +540,19 @@ compare_times() {
 
 # oks LOG: the steps the MPI rank checked (0 before its log exists)
 oks() { local n; n=$(grep -c ' ok$' "$1" 2>/dev/null); echo "${n:-0}"; }
+# carried_only PIDS...: the MPI job's processes map no Open MPI or PMIx library or component but
+# the carried ones (on this machine the system's Open MPI is there too; on the GPU machine there is none)
+carried_only() {
+	local p files outside
+	files=$(for p in "$@"; do cat "/proc/$p/maps" 2>/dev/null; done | awk '{ print $6 }' | sort -u |
+		grep -E '\.so(\.|$)' | grep -E 'openmpi|pmix|libmpi|libopen-(rte|pal)|libhwloc|libevent')
+	outside=$(echo "$files" | grep -v "^$OPAL_CARRIED/")
+	if [ -z "$outside" ]; then
+		pass "mpi-carried: mpirun, orted and both ranks map Open MPI, PMIx and their libraries from $OPAL_CARRIED only ($(echo "$files" | grep -c .) files)"
+	else
+		fail "mpi-carried: the job maps Open MPI files from outside the carry: $(echo "$outside" | head -3 | tr '\n' ' ')"
+	fi
+}
 # mpi_roots: the roots of the MPI job's two parts: mpirun (node A) and the session that netbed's
 # rshd started for orted (node B)
 mpi_roots() { echo "$MPIRUN $(pgrep -P "$RSHD" | head -1)"; }
@@ -558,6 +571,7 @@ part_mpi() {
 		. "$root/.carry/mpi/env.sh"
 		app=$root/.carry/bin/cuda-mpi-app
 		log "mpi: the carried Open MPI: $(command -v mpirun), OPAL_PREFIX=$OPAL_PREFIX"
+		OPAL_CARRIED=$OPAL_PREFIX
 	elif command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
 		mpicc -O2 -o "$app" "$root/tests/mpi/cuda-mpi-app.c" -ldl || { fail "mpi: mpicc"; return; }
 	else
@@ -574,7 +588,7 @@ part_mpi() {
 		-np 1 -H "${ADDR[0]}" "$app" "$log" 100000 20 0 : -np 1 -H "${ADDR[1]}" "$app" "$log" 100000 20 1 \
 		</dev/null >"$OUT/mpirun.log" 2>&1 &
 	MPIRUN=$!
-	unset LD_LIBRARY_PATH OPAL_PREFIX PMIX_PREFIX PMIX_MCA_mca_base_component_path
+	unset LD_LIBRARY_PATH OPAL_PREFIX PMIX_PREFIX PMIX_LIBDIR PMIX_PKGLIBDIR PMIX_DATADIR PMIX_PKGDATADIR
 	PATH=$keep_path
 	for _ in $(seq 600); do [ "$(oks "$log.rank1")" -ge 20 ] && break; sleep 0.1; done
 	read -r -a roots <<<"$(mpi_roots)"
@@ -585,6 +599,8 @@ part_mpi() {
 	fi
 	AGENT=("${roots[@]}")
 	pids="${roots[*]} $(tree_of "${roots[0]}") $(tree_of "${roots[1]}")"
+	# shellcheck disable=SC2086 # a list of pids
+	[ -n "${OPAL_CARRIED:-}" ] && carried_only $pids
 	rm -rf "$W"/img-mpi-*
 	dump_both "$OUT/mpi.dump" mpi
 	[ "${RC[0]}${RC[1]}" = 00 ] || { fail "mpi: dump rc ${RC[*]}: $(grep -hE 'stopped|Error' "$OUT"/mpi.dump.? | head -3 | tr '\n' ' ')"; kill "$RSHD" "$MPIRUN" 2>/dev/null; return; }

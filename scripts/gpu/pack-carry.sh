@@ -40,8 +40,9 @@ carry_openmpi() {
 	cat >"$m/env.sh" <<'ENV'
 # . mpi/env.sh: the carried Open MPI first (its programs, libraries, components and PMIx's).
 m=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# PMIx finds its components by the path it was built with, whatever PMIX_PREFIX says.
-export OPAL_PREFIX=$m PMIX_PREFIX=$m/pmix2 PMIX_MCA_mca_base_component_path=$m/pmix2/lib/pmix PATH=$m/bin:$PATH
+# PMIx was built with absolute directories, which PMIX_PREFIX does not move: each is named.
+export OPAL_PREFIX=$m PMIX_PREFIX=$m/pmix2 PMIX_LIBDIR=$m/pmix2/lib PMIX_PKGLIBDIR=$m/pmix2/lib/pmix \
+	PMIX_DATADIR=$m/pmix2/share PMIX_PKGDATADIR=$m/pmix2/share/pmix PATH=$m/bin:$PATH
 export LD_LIBRARY_PATH=$m/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 ENV
 	echo "Open MPI: $(du -sh "$m" | cut -f1) in $m"
