@@ -291,10 +291,11 @@ refused_parts() {
 	else
 		fail "refuse-other-job: rc ${RC[*]}: $(tail -1 "$OUT/refuse-job.1")"
 	fi
-	# Node A's part of this dump, node B's of the dump before.
+	# Node A's part of this dump, node B's of the dump before (whose files grew since: with
+	# --truncate-grown, which would cut them back only once the parts are found to be of one dump).
 	ln -sfn "$W/img-$job-0" "$W/img-$job-mixed-0"
 	ln -sfn "$W/img-$job-before-1" "$W/img-$job-mixed-1"
-	both "$OUT/refuse-gen" restore --nnodes 2 --rdzv "$RDZV/$job" --rdzv-timeout 30 "$W/img-$job-mixed-NODE"
+	both "$OUT/refuse-gen" restore --nnodes 2 --rdzv "$RDZV/$job" --rdzv-timeout 30 --truncate-grown "$W/img-$job-mixed-NODE"
 	want="restore parts of one dump on every node"
 	if [ "${RC[0]}" != 0 ] && [ "${RC[1]}" != 0 ] && grep -q "$want" "$OUT/refuse-gen.0" && grep -q "$want" "$OUT/refuse-gen.1"; then
 		pass "refuse-other-dump: $(grep -m1 "$want" "$OUT/refuse-gen.0" | cut -c1-200)"
