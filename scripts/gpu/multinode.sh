@@ -432,15 +432,16 @@ went_on() {
 	VERDICT="every rank went on; every step to $upto equals the uninterrupted run's"
 	wait_step "$DIR" "$upto" 120 && same "$DIR" "$upto"
 }
-# nothing_held NAME: no CUDA process is left locked or checkpointed; node A's rank runs or is gone
+# nothing_held NAME: no CUDA process of either node's part is left locked or checkpointed; node
+# A's rank runs (not stopped) or is gone
 nothing_held() {
-	local rank0 st
+	local rank0 st r
 	rank0=$(grep -oE 'pid=[0-9]+' "$DIR/rank0.log" | head -1 | cut -d= -f2)
 	sleep 1
-	st=$(on n0 "$CTL" --get-state --pid "$rank0" 2>&1 | tail -1)
-	"$CTL" --list >"$OUT/$1.list" 2>&1
-	VERDICT="node A's rank ($rank0): '${st:0:60}'; CUDA processes: $(tail -n +2 "$OUT/$1.list" | tr -s ' ' | tr '\n' ';' | cut -c1-200)"
-	! grep -qE ' (locked|checkpointed) ' "$OUT/$1.list" && { [ "$st" = running ] || ! [ -d "/proc/$rank0" ]; }
+	st=$(awk '/^State:/ { print $2 }' "/proc/$rank0/status" 2>/dev/null)
+	for r in 0 1; do "$CTL" --list --tree "${AGENT[$r]}" 2>&1; done >"$OUT/$1.list"
+	VERDICT="node A's rank ($rank0): ${st:-gone}; the parts' CUDA processes: $(grep -vE '^(PID|pid)' "$OUT/$1.list" | tr -s ' ' | tr '\n' ';' | cut -c1-200)"
+	! grep -qE ' (locked|checkpointed) ' "$OUT/$1.list" && [ "$st" != T ] && [ "$st" != t ]
 }
 kill_b_rank() { kill -9 "$(grep -oE 'pid=[0-9]+' "$DIR/rank1.log" | head -1 | cut -d= -f2)"; }
 part_rank-dies() { log "== node B's rank SIGKILLed in the middle of the dump"; interrupted rank-dies kill_b_rank nothing_held; }

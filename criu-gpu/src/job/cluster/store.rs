@@ -17,8 +17,9 @@ pub const TTL: i64 = 6;
 const KEEP_ALIVE: Duration = Duration::from_secs(2);
 /// How long a node's records stay after it is gone.
 const RECORD_TTL: i64 = 600;
-/// How long one request to etcd may take.
-const REQUEST: Duration = Duration::from_secs(3);
+/// How long one request to etcd may take (a stopped etcd refuses at once; 3 s was too short
+/// for a connection on a loaded 2-core machine, where etcd answered in up to 0.7 s).
+const REQUEST: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 #[error("etcd at {endpoints} {what}: {source}")]
