@@ -440,7 +440,7 @@ nothing_held() {
 	sleep 1
 	st=$(awk '/^State:/ { print $2 }' "/proc/$rank0/status" 2>/dev/null)
 	for r in 0 1; do "$CTL" --list --tree "${AGENT[$r]}" 2>&1; done >"$OUT/$1.list"
-	VERDICT="node A's rank ($rank0): ${st:-gone}; the parts' CUDA processes: $(grep -vE '^(PID|pid)' "$OUT/$1.list" | tr -s ' ' | tr '\n' ';' | cut -c1-200)"
+	VERDICT="node A's rank ($rank0): ${st:-gone}; the parts' CUDA processes: $(grep -vE '^ *PID ' "$OUT/$1.list" | tr -s ' ' | tr '\n' ';' | cut -c1-200)"
 	! grep -qE ' (locked|checkpointed) ' "$OUT/$1.list" && [ "$st" != T ] && [ "$st" != t ]
 }
 kill_b_rank() { kill -9 "$(grep -oE 'pid=[0-9]+' "$DIR/rank1.log" | head -1 | cut -d= -f2)"; }
