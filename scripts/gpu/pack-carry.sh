@@ -10,9 +10,10 @@
 #            for libc)
 #   bin/etcd Debian's etcd-server (Go, links only libc) and bin/netbed (the test bed's nodes as
 #            namespaces): scripts/gpu/multinode.sh
-#   mpi/     Debian 12's Open MPI 4.1 (mpirun, orted, their components and help, PMIx's, and every
-#            library they load but glibc's), relocated by OPAL_PREFIX and PMIX_PREFIX
-#            (mpi/env.sh sets them), and bin/cuda-mpi-app (tests/mpi): multinode.sh's MPI job
+#   mpi/     Debian 12's Open MPI 4.1 (mpirun, orted, their components but the fabrics', help,
+#            PMIx's, and every library they load but glibc's), relocated by OPAL_PREFIX and PMIx's
+#            directories (mpi/env.sh sets them), and bin/cuda-mpi-app (tests/mpi): multinode.sh's
+#            MPI job
 # Then on that machine: export PATH=$PWD/.carry/bin:$PATH.
 # Environment: PREFIX (/usr/local), where install-criu.sh installed CRIU.
 set -euo pipefail
@@ -27,6 +28,10 @@ carry_openmpi() {
 	cp /usr/bin/orterun /usr/bin/orted "$m/bin/"
 	ln -s orterun "$m/bin/mpirun"
 	cp -r "$l/openmpi/lib/openmpi3" "$m/lib/x86_64-linux-gnu/openmpi/lib/"
+	# Not the fabrics (InfiniBand, OFI, PSM, UCX) nor OpenSHMEM: TCP between the nodes is the
+	# job's transport, and their libraries would take a third of the carry.
+	find "$m/lib/x86_64-linux-gnu/openmpi/lib/openmpi3" -regextype egrep \
+		-regex '.*(ucx|ofi|psm|openib|verbs|usnic|oshmem|spml|sshmem|scoll|memheap|atomic_).*' -delete
 	cp -r /usr/share/openmpi "$m/share/"
 	cp -r "$l/pmix2/lib/pmix" "$m/pmix2/lib/"
 	cp -r "$l/pmix2/share" "$m/pmix2/"
