@@ -31,7 +31,9 @@
 #              the lock rounds, dump and restore times to set the two-node ones against
 # Each part is bounded and prints PASS, FAIL or SKIP with what it saw; results go to $OUT as they
 # come; at the end a table of the parts (result, seconds) and the times of two nodes against one.
-# A part that would not end within BUDGET seconds of the start is skipped, named in the table.
+# A part that would not end within BUDGET seconds of the start is skipped, named in the table
+# (by default the parts run ref chain one-node newaddr kill-criu etcd-stop rank-dies mpi gap;
+# run the skipped ones in a second call with ref: OUT=$OUT scripts/gpu/multinode.sh "ref gap").
 # On the GPU machine (2 GPUs; needs .carry: scripts/gpu/pack-carry.sh), one call of < 10 minutes:
 #   OUT=$OUT scripts/gpu/multinode.sh
 # --sim: on this machine: CPU torch (gloo) on the simulated GPU, target/debug's binaries, the
@@ -45,7 +47,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 sim=0
 [ "${1:-}" = --sim ] && { sim=1; shift; }
-PARTS=${1:-"ref chain newaddr kill-criu etcd-stop rank-dies gap mpi one-node"}
+PARTS=${1:-"ref chain one-node newaddr kill-criu etcd-stop rank-dies mpi gap"}
 OUT=${OUT:-/tmp/multinode}
 PYTHON=${PYTHON:-python3}
 GAP=${GAP:-20} LATE=${LATE:-8}
