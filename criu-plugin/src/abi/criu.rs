@@ -18,6 +18,7 @@ pub(super) type DeferPages =
     unsafe extern "C" fn(c_int, std::ffi::c_ulong, std::ffi::c_ulong) -> c_int;
 pub(super) type DumpsIoUring = unsafe extern "C" fn() -> c_int;
 pub(super) type MaxHooks = unsafe extern "C" fn() -> c_uint;
+pub(super) type IntOfNothing = unsafe extern "C" fn() -> c_int;
 
 // What the plugin reads of CRIU's data, at fixed places (LP64). Each is checked against the
 // pinned CRIU's headers by the test in layout.rs.
@@ -49,6 +50,8 @@ struct Symbols {
     criu_dumps_io_uring: Option<DumpsIoUring>,
     /// The project's CRIU only (patch 0012).
     criu_plugin_max_hooks: Option<MaxHooks>,
+    /// The project's CRIU only (patch 0014).
+    criu_lazy_pages_complete: Option<IntOfNothing>,
     /// `struct cr_options opts`; `final_state` is its first field in every CRIU release.
     opts: Option<usize>,
     /// `struct pstree_item *root_item`, set before plugins are initialised on dump.
@@ -90,6 +93,8 @@ fn symbols() -> &'static Symbols {
                     .map(|p| std::mem::transmute::<*mut c_void, DumpsIoUring>(p)),
                 criu_plugin_max_hooks: lookup("criu_plugin_max_hooks")
                     .map(|p| std::mem::transmute::<*mut c_void, MaxHooks>(p)),
+                criu_lazy_pages_complete: lookup("criu_lazy_pages_complete")
+                    .map(|p| std::mem::transmute::<*mut c_void, IntOfNothing>(p)),
                 opts: lookup("opts").map(|p| p as usize),
                 root_item: lookup("root_item").map(|p| p as usize),
                 criu_run_id: lookup("criu_run_id").map(|p| p as usize),
@@ -204,14 +209,24 @@ pub fn final_state() -> Option<crate::core::FinalState> {
     }
 }
 
-/// Whether CRIU was asked for lazy pages (`--lazy-pages` on its command line). CRIU keeps the
+/// Whether CRIU was asked for lazy pages (`--lazy-pages` on its command line: CRIU keeps the
 /// option where its layout differs between releases, so its command line is what is read; a
-/// request over RPC (swrk) is not seen.
-pub fn lazy_pages() -> bool {
-    std::fs::read("/proc/self/cmdline").is_ok_and(|c| {
+/// request over RPC (swrk) is not seen), and what its lazy pages do to the tasks: the project's
+/// CRIU (patch 0014, `criu_lazy_pages_complete()` in criu-plugin.h) ends a lazy dump's tasks
+/// only once the receiver has every page, and with `--pages-before-resume` puts every page in
+/// place before a restore's tasks resume.
+pub fn lazy() -> crate::core::Lazy {
+    use crate::core::Lazy;
+    let asked = std::fs::read("/proc/self/cmdline").is_ok_and(|c| {
         c.split(|b| *b == 0)
             .any(|a| a == b"--lazy-pages" || a == b"--lazy_pages")
-    })
+    });
+    match (asked, symbols().criu_lazy_pages_complete) {
+        (false, _) => Lazy::No,
+        // SAFETY: the patch's function takes nothing and returns an int.
+        (true, Some(f)) if unsafe { f() } == 1 => Lazy::Complete,
+        (true, _) => Lazy::PostCopy,
+    }
 }
 
 /// Lets the pages of task `pid` (its pid in the image) in `range` arrive while the restore goes

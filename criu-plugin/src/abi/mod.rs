@@ -148,8 +148,8 @@ impl Host for CriuHost {
     fn threads(&self) -> &dyn ThreadControl {
         &ptrace::Ptrace
     }
-    fn lazy_pages(&self) -> bool {
-        criu::lazy_pages()
+    fn lazy(&self) -> crate::core::Lazy {
+        criu::lazy()
     }
     fn defer_pages(&self, pid: i32, range: std::ops::Range<u64>) -> Option<bool> {
         criu::defer_pages(pid, range)

@@ -66,6 +66,22 @@ pub enum Verdict<T = ()> {
 
 pub type HookResult<T = ()> = Result<Verdict<T>, HookError>;
 
+/// Lazy pages (`--lazy-pages`): CRIU's way of moving a tree to another machine while its pages
+/// follow over the network, and what it does to the tasks meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lazy {
+    /// Every page goes through the images (a plain dump or restore).
+    No,
+    /// Stock CRIU's post-copy: a dump ends its tasks when the connection ends, however it ends
+    /// (a receiver that died included); a restore lets its tasks run before their pages are
+    /// there. GPU state would be lost either way.
+    PostCopy,
+    /// The project's CRIU (patch 0014): a dump ends its tasks only once the receiver said it has
+    /// every page, and resumes them otherwise; a restore with `--pages-before-resume` puts every
+    /// page in place before its tasks resume, and only then lets the dumping side end them.
+    Complete,
+}
+
 /// What the hosting CRIU offers a backend.
 pub trait Host {
     fn final_state(&self) -> Option<FinalState>;
@@ -86,9 +102,9 @@ pub trait Host {
         std::process::id() as i32
     }
     fn threads(&self) -> &dyn ThreadControl;
-    /// Whether CRIU was asked for lazy pages.
-    fn lazy_pages(&self) -> bool {
-        false
+    /// Whether CRIU was asked for lazy pages, and how its lazy pages treat the tasks.
+    fn lazy(&self) -> Lazy {
+        Lazy::No
     }
     /// Restore, from `init`: lets the pages of task `pid` (its pid in the image) in `range`
     /// arrive while the restore goes on, for a consumer in RESUME_DEVICES_LATE. `None`: this

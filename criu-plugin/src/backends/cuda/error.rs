@@ -91,8 +91,10 @@ pub enum DumpError {
     )]
     PreDump(Who),
     #[error(
-        "lazy dumps (--lazy-pages) are not supported for CUDA {0}: the GPU state is moved into \
-         the process's memory all at once; dump without --lazy-pages (nothing was locked)"
+        "this CRIU's lazy dumps (--lazy-pages) would lose CUDA {0}: they end the tasks when the \
+         receiver's connection ends, however it ends; use the project's CRIU (patch 0014: the \
+         tasks end only once the receiver has every page, as `criu-gpu dump --to` moves them), \
+         or dump without --lazy-pages (nothing was locked)"
     )]
     LazyPages(Who),
     #[error(
@@ -276,8 +278,10 @@ pub enum RestoreError {
     #[error("{0}")]
     Check(#[from] criu_gpu_image::restorable::CudaCheckError),
     #[error(
-        "lazy restores (--lazy-pages) are not supported for CUDA state: the GPU driver reads all \
-         of the process's memory at once; restore without --lazy-pages"
+        "a lazy restore (--lazy-pages) of CUDA state needs every page in place before the tasks \
+         resume (the GPU driver reads the checkpoint data all at once, and the dumping side must \
+         keep its tasks until then): add --pages-before-resume (the project's CRIU, patch 0014; \
+         `criu-gpu restore --listen` does), or restore without --lazy-pages"
     )]
     LazyPages,
     #[error("CUDA process {ns_pid} ({comm}) of the checkpoint is not in the restored tree")]

@@ -11,7 +11,7 @@ use cuda_checkpoint_ctl::refusal::{self, DeviceMemory};
 use super::{Ctx, Dump, Phase, Proc, Tree};
 use crate::backends::cuda::error::{ActionFailure, DumpError, Who};
 use crate::backends::cuda::INVENTORY_NAME;
-use crate::core::{stats, HookError, HookResult, Host, Stage, Verdict};
+use crate::core::{stats, HookError, HookResult, Host, Lazy, Stage, Verdict};
 use crate::guardian::proto::{Act, Answer, Order};
 use crate::guardian::{Guardian, Ticket};
 
@@ -166,7 +166,7 @@ impl Ctx {
             if self.stage == Stage::PreDump {
                 return Err(HookError::gpu(DumpError::PreDump(h.who.clone())));
             }
-            if host.lazy_pages() {
+            if host.lazy() == Lazy::PostCopy {
                 return Err(HookError::gpu(DumpError::LazyPages(h.who.clone())));
             }
             // The state query, the lock and the checkpoint all need this thread to run: the

@@ -16,7 +16,7 @@ use crate::backends::cuda::error::RestoreError;
 use crate::backends::cuda::procs::Procs;
 use crate::backends::cuda::{gib, SpawnGuardian, UPSTREAM_PLUGIN};
 use crate::core::stats;
-use crate::core::{Claims, HookError, Host, Settings};
+use crate::core::{Claims, HookError, Host, Lazy, Settings};
 use crate::guardian::proto::{Order, Watch};
 use crate::guardian::Guardian;
 
@@ -46,8 +46,13 @@ impl Restore {
         let Some(holds) = restorable::holds(&dir, listed(claims)).map_err(check)? else {
             return Ok(r);
         };
-        if host.lazy_pages() {
-            return Err(HookError::gpu(RestoreError::LazyPages));
+        match host.lazy() {
+            Lazy::PostCopy => return Err(HookError::gpu(RestoreError::LazyPages)),
+            Lazy::Complete => tracing::info!(
+                "the pages arrive from the lazy-pages daemon while CRIU restores and the driver \
+                 reads its data; every one is in place before the tasks resume"
+            ),
+            Lazy::No => {}
         }
         let placement = restorable::placement(&r.settings).map_err(check)?;
         // Forked before any thread of the plugin's runs in CRIU (the digests are hashed on some).
@@ -64,7 +69,7 @@ impl Restore {
         let checked = restorable::check_node(&holds, node, &placement).map_err(check)?;
         checked.notes.iter().for_each(|n| tracing::info!("{n}"));
         checked.warnings.iter().for_each(|w| tracing::warn!("{w}"));
-        if let Holds::Record(img) = &holds {
+        if let (Holds::Record(img), Lazy::No) = (&holds, host.lazy()) {
             overlap(host, &r.settings, img)?;
         }
         r.phase = Phase::Ready(Box::new(Ready {
