@@ -265,6 +265,18 @@ pub fn up_bed(me: &Path, dir: &Path, nodes: &[(String, Ipv4Addr, u8)]) -> std::i
     Ok(())
 }
 
+/// `netbed link DIR NAME up|down`: a node's `eth0` up or down (a cable pulled: its
+/// connections carry nothing until it is back).
+pub fn link(dir: &Path, node: &str, on: bool) -> std::io::Result<()> {
+    enter(holder(dir, node)?, false)?;
+    let flags = if on { IFF_UP } else { 0 };
+    request(&mut Msg::new(
+        RTM_NEWLINK,
+        0,
+        &ifinfo(index("eth0")?, flags, IFF_UP),
+    ))
+}
+
 /// `netbed addr DIR NAME ADDR/N`: another address on a node's `eth0`.
 pub fn address(dir: &Path, node: &str, ip: Ipv4Addr, prefix: u8) -> std::io::Result<()> {
     enter(holder(dir, node)?, false)?;

@@ -8,7 +8,8 @@ use gpu_ckpt_tests::{netbed, rsh};
 fn usage() -> ! {
     eprintln!(
         "usage: netbed up DIR NAME=A.B.C.D/N... | exec DIR NAME -- CMD... | addr DIR NAME \
-         A.B.C.D/N | down DIR | hold DIR NAME | rshd DIR NAME PORT | rsh HOST:PORT CMD..."
+         A.B.C.D/N | link DIR NAME up|down | down DIR | hold DIR NAME | rshd DIR NAME PORT | rsh \
+         HOST:PORT CMD..."
     );
     std::process::exit(2)
 }
@@ -32,6 +33,14 @@ fn main() {
                 .and_then(|a| netbed::parse_addr(a))
                 .unwrap_or_else(|| usage());
             netbed::address(&dir, args.get(3).unwrap_or_else(|| usage()), ip, prefix)
+        }
+        Some("link") => {
+            let on = match args.get(4).map(String::as_str) {
+                Some("up") => true,
+                Some("down") => false,
+                _ => usage(),
+            };
+            netbed::link(&dir, args.get(3).unwrap_or_else(|| usage()), on)
         }
         Some("exec") => {
             let node = args.get(3).unwrap_or_else(|| usage());
