@@ -43,8 +43,15 @@ pub enum Command {
         #[arg(long, default_value = "zstd:1", requires = "store")]
         compress: snapshot_store::Compression,
         /// Leave the job running after the checkpoint (a snapshot).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "to")]
         leave_running: bool,
+        /// Move the job to the node where `criu-gpu restore DIR --listen PORT` waits: its
+        /// pages go over the network while that node restores it (no disk); DIR keeps this
+        /// side's logs and the images but the pages. The job ends here only once it runs there.
+        #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["nnodes", "store"])]
+        to: Option<String>,
+        #[command(flatten)]
+        moving: MoveArgs,
     },
     /// Restore a job checkpointed with `criu-gpu dump`, with the options it was dumped with.
     Restore {
@@ -71,6 +78,13 @@ pub enum Command {
         /// Do not read the pages images ahead (from a disk) while CRIU starts.
         #[arg(long)]
         no_prefetch: bool,
+        /// Take a job moved here by `criu-gpu dump PID DIR --to THIS-NODE:PORT`: wait on
+        /// [ADDR:]PORT, answer its preflight, restore it into DIR while its pages arrive.
+        #[arg(long, value_name = "[ADDR:]PORT",
+              conflicts_with_all = ["nnodes", "truncate_grown", "store"])]
+        listen: Option<String>,
+        #[command(flatten)]
+        moving: MoveArgs,
     },
 
     /// Can this node restore that checkpoint's GPU state? (driver, GPUs, free memory, image integrity)
@@ -146,6 +160,16 @@ pub enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+}
+
+/// A move between nodes (`dump --to`, `restore --listen`).
+#[derive(Debug, Args)]
+pub struct MoveArgs {
+    /// Seconds a move may take, from the wait for the sender (restore --listen) or the
+    /// preflight (dump --to) to the job running on the receiver; past it CRIU is stopped and
+    /// the job runs on at the sender.
+    #[arg(long, default_value_t = 600)]
+    pub move_timeout: u64,
 }
 
 #[derive(Debug, Args)]

@@ -77,9 +77,21 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             pid,
             dir,
             common,
+            to: Some(to),
+            moving,
+            ..
+        } => {
+            let r = job_request(dir.unwrap_or_default(), common, verbose)?.0;
+            move_command(pid, &to, r, &moving, json)
+        }
+        Command::Dump {
+            pid,
+            dir,
+            common,
             store,
             compress,
             leave_running,
+            ..
         } => {
             let (r, across) = job_request(dir.unwrap_or_default(), common, verbose)?;
             match store_request(store, compress) {
@@ -98,6 +110,8 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             address_map,
             truncate_grown,
             no_prefetch,
+            listen,
+            moving,
         } => {
             let how = job::RestoreHow {
                 device_map,
@@ -106,6 +120,9 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
                 no_prefetch,
             };
             let (r, across) = job_request(dir.unwrap_or_default(), common, verbose)?;
+            if let Some(l) = listen {
+                return receive_command(&l, &how, r, &moving, json);
+            }
             match store_request(store, Compression::default()) {
                 Some(s) => {
                     no_store_across(&across)?;
@@ -178,6 +195,38 @@ fn dump_command(
     };
     if json {
         out::json(&o);
+    }
+    Ok(0)
+}
+
+/// `criu-gpu dump PID DIR --to HOST:PORT`.
+fn move_command(
+    pid: i32,
+    to: &str,
+    r: job::Request,
+    moving: &cli::MoveArgs,
+    json: bool,
+) -> Result<u8, Error> {
+    let limit = Duration::from_secs(moving.move_timeout.max(1));
+    let moved = job::migrate::send::send(pid, to, &r, limit)?;
+    if json {
+        out::json(&moved);
+    }
+    Ok(0)
+}
+
+/// `criu-gpu restore DIR --listen [ADDR:]PORT`.
+fn receive_command(
+    listen: &str,
+    how: &job::RestoreHow,
+    r: job::Request,
+    moving: &cli::MoveArgs,
+    json: bool,
+) -> Result<u8, Error> {
+    let limit = Duration::from_secs(moving.move_timeout.max(1));
+    let landed = job::migrate::receive::receive(listen, how, &r, limit)?;
+    if json {
+        out::json(&landed);
     }
     Ok(0)
 }

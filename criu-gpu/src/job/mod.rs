@@ -8,6 +8,7 @@
 pub mod cluster;
 pub mod facts;
 pub mod files;
+pub mod migrate;
 pub mod plan;
 pub mod prefetch;
 pub mod progress;
@@ -53,6 +54,8 @@ pub enum JobError {
     Record(#[from] criu_gpu_image::record::RecordError),
     #[error(transparent)]
     Cluster(#[from] cluster::ClusterError),
+    #[error(transparent)]
+    Migrate(#[from] migrate::MigrateError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -353,6 +356,11 @@ fn release_network_lock(dir: &Path) {
 /// post-restore until every node is there; `false` (the dump or restore fails, on every node)
 /// when the job cannot go on.
 pub fn action_script(action: &str) -> bool {
+    // A move needs no record of the job's files (it is not a snapshot to go back to): no
+    // hashing while the job is frozen.
+    if let Some(socket) = std::env::var_os(migrate::stage::SETTING) {
+        return migrate::action_script(Path::new(&socket), action);
+    }
     if action == "post-dump" {
         record_files();
     }
