@@ -73,6 +73,9 @@ pub fn receive(
     }
     let pages = pages(&listener, &id, Instant::now() + PAGES_WAIT)?;
     let images_in = images(&mut wire, &r.dir, deadline)?;
+    // What CRIU restored comes to this process if CRIU dies (SIGKILL included), so that a
+    // failed restore leaves nothing of the job here.
+    let adopts = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
     let landed = restore(
         &criu,
         (&pre, &verdict.device_map),
@@ -94,11 +97,39 @@ pub fn receive(
             ..Landed::default()
         },
     };
+    if !word.ok {
+        leave_nothing(adopts.is_ok());
+    }
     let _ = wire.send(&Msg::Landed(Box::new(word.clone())));
     match landed {
         Ok(l) if l.ok => Ok(l),
         Ok(_) => Err(MigrateError::Failed(word.error.unwrap_or_default()).into()),
         Err(e) => Err(e),
+    }
+}
+
+/// After a failed restore: kills what CRIU left of the tree (a CRIU that was killed leaves its
+/// restored tasks to this process, its subreaper; one that failed killed them itself).
+fn leave_nothing(adopted: bool) {
+    use cuda_checkpoint_ctl::process;
+    let me = std::process::id() as i32;
+    let left: Vec<i32> = process::children(me)
+        .into_iter()
+        .flat_map(process::tree)
+        .collect();
+    for pid in &left {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    if !left.is_empty() {
+        out::line(format!(
+            "move: killed {} process(es) a failed restore left here",
+            left.len()
+        ));
+    } else if !adopted {
+        tracing::warn!("could not become the restore's subreaper: a killed CRIU may leave tasks");
     }
 }
 
