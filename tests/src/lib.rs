@@ -17,6 +17,7 @@ pub mod held;
 pub mod job;
 pub mod kube;
 pub mod memcg;
+pub mod migrate;
 pub mod netbed;
 pub mod podman;
 pub mod rsh;

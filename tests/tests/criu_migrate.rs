@@ -1,0 +1,245 @@
+//! Live migration without a disk on the simulated GPU, with the real CRIU (the project's, patch
+//! 0014): `criu-gpu dump PID DIR --to B:PORT` on node A, `criu-gpu restore DIR --listen PORT`
+//! on node B (two namespace nodes of one machine), the pages streamed while B restores. A move
+//! that fails anywhere leaves the job running on A and nothing of it on B.
+
+use gpu_ckpt_tests::migrate::*;
+use gpu_ckpt_tests::*;
+use std::time::Duration;
+
+/// The lazy-pages daemon pauses 50 ms after each answer (CRIU fault injection 141): a stream
+/// that lasts seconds, to act in the middle of.
+const SLOW_STREAM: (&str, &str) = ("CRIU_FAULT", "141");
+
+#[test]
+fn a_gpu_process_moves_to_node_b_and_its_gpu_while_its_pages_stream() {
+    let mut m = Move::up("1GiB");
+    let job = m.start(
+        "n0",
+        "app",
+        &["--mib", "192", "--device", "0", "--interval-ms", "50"],
+    );
+    let map = m.device_map(&[(0, 1)]);
+    let b = m.listen(&["--device-map", &map], &[SLOW_STREAM]);
+    let a = m.send(job.root, &[], &[]);
+    let (a, b) = m.outcome(b, a);
+    let (ta, tb) = (cluster::text(&a), cluster::text(&b));
+    assert!(a.status.success(), "{ta}");
+    assert!(b.status.success(), "{tb}");
+    // Node A's tasks ended once B ran the job; B's root is another process.
+    for p in &job.pids {
+        wait_gone(*p);
+    }
+    let root = landed_root(&ta);
+    m.sim.adopt(root);
+    assert!(!job.pids.contains(&root), "{ta}");
+    // The data came through: the moved process verifies its device data every step.
+    assert!(job.app.advances(3), "{}", job.app.tail());
+    job.app.assert_healthy();
+    // On GPU 1 now, nothing left on GPU 0.
+    assert!(m.used(1) >= 192 << 20, "{:?}", m.sim.gpus());
+    assert_eq!(m.used(0), 0, "{:?}", m.sim.gpus());
+    // The GPU driver's restore began while pages still arrived, and read its data through
+    // faults served before the stream's own requests.
+    let at = |what: &str| -> f64 {
+        ta.lines()
+            .find(|l| l.contains(what))
+            .and_then(|l| l.trim().strip_prefix('+')?.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {what:?} step in:\n{ta}"))
+    };
+    assert!(
+        at("the GPU driver's restore starts there") < at("every page there"),
+        "{ta}"
+    );
+    let faults: u64 = tb
+        .lines()
+        .find_map(|l| l.split_once("GB/s); ")?.1.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no stream summary in:\n{tb}"));
+    assert!(faults > 0, "{tb}");
+    assert!(ta.contains("downtime"), "{ta}");
+    // No pages image on either side: the pages went over the network only.
+    for dir in [&m.from, &m.into] {
+        let pages: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("pages-"))
+            .filter(|e| e.metadata().is_ok_and(|md| md.len() > 1 << 20))
+            .collect();
+        assert!(pages.is_empty(), "{}: {pages:?}", dir.display());
+    }
+}
+
+#[test]
+fn a_connection_cut_mid_stream_leaves_the_job_on_a_and_nothing_on_b() {
+    let mut m = Move::up("1GiB");
+    let job = m.start(
+        "n0",
+        "app",
+        &["--mib", "128", "--device", "0", "--interval-ms", "50"],
+    );
+    let map = m.device_map(&[(0, 1)]);
+    let b = m.listen(&["--device-map", &map], &[SLOW_STREAM]);
+    let a = m.send(job.root, &[], &[]);
+    assert!(
+        wait_until(Duration::from_secs(60), || m
+            .receiver_logged("GiB in place")),
+        "the stream did not start"
+    );
+    m.cable(false);
+    let (a, b) = m.outcome(b, a);
+    m.cable(true);
+    let (ta, tb) = (cluster::text(&a), cluster::text(&b));
+    assert!(!a.status.success(), "{ta}");
+    assert!(!b.status.success(), "{tb}");
+    assert!(ta.contains("it runs on here"), "{ta}");
+    assert!(
+        tb.contains("nothing of the job was left on this node"),
+        "{tb}"
+    );
+    // The job runs on at A, the same processes, its data whole.
+    for p in &job.pids {
+        assert!(pid_alive(*p), "{p} is gone: {ta}");
+    }
+    assert!(job.app.advances(3), "{}", job.app.tail());
+    job.app.assert_healthy();
+    // Nothing of it on B, nor on its GPU.
+    assert_eq!(m.strangers(&job), Vec::<i32>::new());
+    assert!(
+        wait_until(Duration::from_secs(10), || m.used(1) == 0),
+        "{:?}",
+        m.sim.gpus()
+    );
+}
+
+#[test]
+fn b_without_room_on_its_gpu_refuses_before_a_freezes_anything() {
+    let mut m = Move::up("256MiB");
+    let job = m.start(
+        "n0",
+        "app",
+        &["--mib", "128", "--device", "0", "--interval-ms", "50"],
+    );
+    // GPU 1 is busy with another process: the job's 128 MiB do not fit beside it.
+    let hog = m.sim.app("hog", &["--mib", "160", "--device", "1"]);
+    let map = m.device_map(&[(0, 1)]);
+    let b = m.listen(&["--device-map", &map], &[]);
+    let before = job.app.steps();
+    let a = m.send(job.root, &[], &[]);
+    let (a, b) = m.outcome(b, a);
+    let (ta, tb) = (cluster::text(&a), cluster::text(&b));
+    assert!(!a.status.success(), "{ta}");
+    assert!(!b.status.success(), "{tb}");
+    assert!(
+        ta.contains("refused the job before anything was frozen")
+            && ta.contains("does not fit on this node's GPUs"),
+        "{ta}"
+    );
+    // CRIU never ran on A: no dump log, nothing frozen; the job went on all along.
+    assert!(!m.from.join("dump.log").exists(), "{ta}");
+    assert!(!ta.contains("running: "), "{ta}");
+    assert!(job.app.advances(3), "{}", job.app.tail());
+    assert!(job.app.steps() > before);
+    job.app.assert_healthy();
+    hog.assert_healthy();
+    assert_eq!(m.strangers(&job), Vec::<i32>::new());
+}
+
+#[test]
+fn b_s_criu_killed_mid_stream_a_resumes_and_b_keeps_nothing() {
+    let mut m = Move::up("1GiB");
+    let job = m.start(
+        "n0",
+        "app",
+        &["--mib", "128", "--device", "0", "--interval-ms", "50"],
+    );
+    let map = m.device_map(&[(0, 1)]);
+    let b = m.listen(&["--device-map", &map], &[SLOW_STREAM]);
+    let a = m.send(job.root, &[], &[]);
+    assert!(
+        wait_until(Duration::from_secs(60), || m
+            .receiver_logged("GiB in place")),
+        "the stream did not start"
+    );
+    let criu = m.receiver_criu().expect("node B's criu restore runs");
+    signal(criu, nix::sys::signal::Signal::SIGKILL);
+    let (a, b) = m.outcome(b, a);
+    let (ta, tb) = (cluster::text(&a), cluster::text(&b));
+    assert!(!a.status.success(), "{ta}");
+    assert!(!b.status.success(), "{tb}");
+    assert!(ta.contains("it runs on here"), "{ta}");
+    for p in &job.pids {
+        assert!(pid_alive(*p), "{p} is gone: {ta}");
+    }
+    assert!(job.app.advances(3), "{}", job.app.tail());
+    job.app.assert_healthy();
+    assert_eq!(m.strangers(&job), Vec::<i32>::new());
+    assert!(
+        wait_until(Duration::from_secs(10), || m.used(1) == 0),
+        "{:?}",
+        m.sim.gpus()
+    );
+}
+
+#[test]
+fn a_two_rank_job_moves_and_ends_as_an_uninterrupted_run_does() {
+    const STEPS: u64 = 60;
+    let mut m = Move::up("1GiB");
+    let args = |steps: &str| -> Vec<String> {
+        [
+            "--ranks",
+            "2",
+            "--mib",
+            "16",
+            "--shm-mib",
+            "4",
+            "--device",
+            "0",
+        ]
+        .into_iter()
+        .chain(["--interval-ms", "50", "--steps", steps])
+        .map(str::to_owned)
+        .collect()
+    };
+    let steps = STEPS.to_string();
+    let a: Vec<String> = args(&steps);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    // The same job, never moved, on node B first: what the moved one must end with.
+    let reference = m.start("n1", "reference", &a);
+    let ref_log = reference.app.log.clone();
+    assert!(
+        wait_until(Duration::from_secs(90), || fnv_at(&ref_log, STEPS)
+            .is_some()),
+        "{}",
+        reference.app.tail()
+    );
+    let unmoved1 = ref_log.with_extension("rank1");
+    assert!(
+        wait_until(Duration::from_secs(30), || fnv_at(&unmoved1, STEPS)
+            .is_some()),
+        "{}",
+        reference.app.tail()
+    );
+    let job = m.start("n0", "job", &a);
+    // Rank 0 on GPU 0 and rank 1 on GPU 1 of node A; on node B the other way round.
+    let map = m.device_map(&[(0, 1), (1, 0)]);
+    let b = m.listen(&["--device-map", &map], &[]);
+    let s = m.send(job.root, &[], &[]);
+    let (s, b) = m.outcome(b, s);
+    assert!(s.status.success(), "{}", cluster::text(&s));
+    assert!(b.status.success(), "{}", cluster::text(&b));
+    for p in &job.pids {
+        wait_gone(*p);
+    }
+    m.sim.adopt(landed_root(&cluster::text(&s)));
+    for r in 0..2 {
+        let moved = job.app.log.with_extension(format!("rank{r}"));
+        let unmoved = ref_log.with_extension(format!("rank{r}"));
+        assert!(
+            wait_until(Duration::from_secs(90), || fnv_at(&moved, STEPS).is_some()),
+            "rank {r}: {:?}",
+            read_lines(&moved).last()
+        );
+        assert_eq!(fnv_at(&moved, STEPS), fnv_at(&unmoved, STEPS), "rank {r}");
+        App { pid: 0, log: moved }.assert_healthy();
+    }
+}
