@@ -306,10 +306,16 @@ fn a_restore_without_a_gpu_is_refused_before_anything_starts() {
     assert!(!pid_alive(app.pid));
 }
 
+/// Stock CRIU's lazy dump is post-copy (it ends the tasks however its transfer ends): refused.
+/// The project's CRIU (patch 0014) keeps them until the receiver has every page: its lazy moves
+/// are `tests/tests/criu_migrate.rs`.
 #[test]
-fn lazy_pages_are_refused_and_nothing_is_locked() {
+fn a_post_copy_lazy_dump_is_refused_and_nothing_is_locked() {
     let mut sim = Sim::start();
-    let c = Criu::new(&sim);
+    let c = Criu {
+        bin: criu::STOCK.into(),
+        ..Criu::new(&sim)
+    };
     let app = sim.app("app", &["--mib", "8"]);
     let images = sim.dir.join("img");
     let out = c.dump(&sim, app.pid, &images, &["--lazy-pages"], &[]);

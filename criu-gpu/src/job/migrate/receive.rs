@@ -81,7 +81,7 @@ pub fn receive(
         (&pre, &verdict.device_map),
         how,
         r,
-        &pages,
+        pages,
         &mut wire,
         limit,
     );
@@ -225,7 +225,7 @@ fn restore(
     (pre, device_map): (&Preflight, &str),
     how: &RestoreHow,
     r: &Request,
-    pages: &TcpStream,
+    pages: TcpStream,
     wire: &mut Wire,
     limit: Duration,
 ) -> Result<Landed, JobError> {
@@ -243,8 +243,10 @@ fn restore(
         dumped_at: 0,
     });
     let daemon_started = report::now();
-    let mut daemon = start_daemon(criu, &r.dir, pages, r.verbose)
+    let mut daemon = start_daemon(criu, &r.dir, &pages, r.verbose)
         .map_err(io("starting CRIU's lazy-pages daemon"))?;
+    // The daemon holds the connection alone: when it goes, the sender sees it at once.
+    drop(pages);
     wire.send(&Msg::Restoring)
         .map_err(|e| MigrateError::Lost(e.to_string()))?;
     let mut args = job::restore_args(&rec, r);
