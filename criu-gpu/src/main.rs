@@ -77,23 +77,16 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             pid,
             dir,
             common,
-            to: Some(to),
-            moving,
-            ..
-        } => {
-            let r = job_request(dir.unwrap_or_default(), common, verbose)?.0;
-            move_command(pid, &to, r, &moving, json)
-        }
-        Command::Dump {
-            pid,
-            dir,
-            common,
             store,
             compress,
             leave_running,
-            ..
+            to,
+            moving,
         } => {
             let (r, across) = job_request(dir.unwrap_or_default(), common, verbose)?;
+            if let Some(to) = to {
+                return move_command(pid, &to, r, &moving, json);
+            }
             match store_request(store, compress) {
                 Some(s) => {
                     no_store_across(&across)?;
@@ -120,15 +113,9 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
                 no_prefetch,
             };
             let (r, across) = job_request(dir.unwrap_or_default(), common, verbose)?;
-            if let Some(l) = listen {
-                return receive_command(&l, &how, r, &moving, json);
-            }
-            match store_request(store, Compression::default()) {
-                Some(s) => {
-                    no_store_across(&across)?;
-                    stored(snapshots::restore(&how, &r, &s)?, json)
-                }
-                None => restore_command(&how, (r, across), json),
+            match listen {
+                Some(l) => receive_command(&l, &how, r, &moving, json),
+                None => restore_from(&how, (r, across), store, json),
             }
         }
         Command::Store(c) => snapshots::command::run(c, json),
@@ -197,6 +184,22 @@ fn dump_command(
         out::json(&o);
     }
     Ok(0)
+}
+
+/// `criu-gpu restore`, from a directory or a store.
+fn restore_from(
+    how: &job::RestoreHow,
+    (r, across): (job::Request, Option<job::cluster::Across>),
+    store: cli::StoreArgs,
+    json: bool,
+) -> Result<u8, Error> {
+    match store_request(store, Compression::default()) {
+        Some(s) => {
+            no_store_across(&across)?;
+            stored(snapshots::restore(how, &r, &s)?, json)
+        }
+        None => restore_command(how, (r, across), json),
+    }
 }
 
 /// `criu-gpu dump PID DIR --to HOST:PORT`.

@@ -22,7 +22,7 @@
 # --sim: on this machine: the simulated GPU (cuda-sim-app verifies its data every step) and CPU
 # torch (gloo), target/debug's binaries, CRIU ($CRIU: the project's, patch 0014), PYTHON a Python
 # with torch; small sizes. Its times mean nothing.
-# Environment: GIB (8; sim 0.25), ROUNDS (2), STEPS (600; sim 200), BALLAST (GiB per rank: 0.25;
+# Environment: GIB (8; sim 0.125), ROUNDS (2; sim 1), STEPS (600; sim 60), BALLAST (GiB per rank: 0.25;
 # sim 0), PYTHON (python3), CRIU (sim: /usr/local/sbin/criu).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,7 +39,7 @@ LOG_FILE=$OUT/migrate.log
 # shellcheck source=scripts/gpu/job-lib.sh
 . "$here/job-lib.sh"
 if [ $sim = 1 ]; then
-	GIB=${GIB:-0.25} STEPS=${STEPS:-200} BALLAST=${BALLAST:-0}
+	GIB=${GIB:-0.125} STEPS=${STEPS:-60} ROUNDS=${ROUNDS:-1} BALLAST=${BALLAST:-0}
 	BIN=$root/target/debug CRIU=${CRIU:-/usr/local/sbin/criu} DEVICE=cpu
 else
 	GIB=${GIB:-8} STEPS=${STEPS:-600} BALLAST=${BALLAST:-0.25}
@@ -98,6 +98,8 @@ cleanup() {
 trap cleanup EXIT
 "$NETBED" down "$BED" 2>/dev/null
 "$NETBED" up "$BED" "n0=${ADDR[0]}/24" "n1=${ADDR[1]}/24" || { log "FAIL netbed up"; exit 1; }
+# on NODE CMD...: CMD inside NODE (in the foreground; started with &, $! would be a subshell's:
+# a job is started with "$NETBED" exec itself, which execs CMD)
 on() { local n=$1; shift; "$NETBED" exec "$BED" "$n" -- "$@"; }
 # stamped FILE: each line read, prefixed by the wall clock at which it came
 stamped() { while IFS= read -r l; do printf '%s %s\n' "$(date +%s.%N)" "$l"; done >"$1"; }
@@ -109,6 +111,7 @@ criu_at() {
 	off=$(grep -m1 -F "$3" "$2" | sed -nE 's/^\(([ 0-9.]+)\).*/\1/p' | tr -d ' ')
 	[ -n "$t0" ] && [ -n "$off" ] && awk -v a="$t0" -v b="$off" 'BEGIN { printf "%.3f", a + b }'
 }
+check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
 sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
 
 # The test process -------------------------------------------------------------------------
@@ -119,13 +122,13 @@ start_proc() {
 	STATUS=$W/$1.status
 	: >"$STATUS"
 	if [ $sim = 1 ]; then
-		on n0 unshare --pid --fork setsid env LD_LIBRARY_PATH="$W/sim" "$BIN/cuda-sim-app" --device 0 \
+		"$NETBED" exec "$BED" n0 -- unshare --pid --fork setsid env LD_LIBRARY_PATH="$W/sim" "$BIN/cuda-sim-app" --device 0 \
 			--mib "$(awk -v g="$GIB" 'BEGIN { print int(g * 1024) }')" --interval-ms 50 --log "$STATUS" \
 			</dev/null >/dev/null 2>&1 &
 		holder=$!
 		wait_line "$STATUS" '^step=' 120 || return 1
 	else
-		on n0 env CUDA_VISIBLE_DEVICES=0 unshare --pid --fork setsid "$W/gpu-app" "$GIB" 7 "$STATUS" \
+		"$NETBED" exec "$BED" n0 -- env CUDA_VISIBLE_DEVICES=0 unshare --pid --fork setsid "$W/gpu-app" "$GIB" 7 "$STATUS" \
 			</dev/null >"$STATUS.out" 2>&1 &
 		holder=$!
 		wait_line "$STATUS" '^ready' 300 || return 1
@@ -156,6 +159,7 @@ on_gpu1() {
 		nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader | tr -d ' ' | grep -qx "$1,${UUID[1]}"
 	fi
 }
+landed_ok() { verify "$1" && on_gpu1 "$1"; }
 # listening: node B's criu-gpu listens on PORT (its /proc/net/tcp; a probe would be taken for
 # the sender)
 listening() { on n1 cat /proc/net/tcp | awk -v p="$(printf ':%04X' $PORT)" '$2 ~ p"$" && $4 == "0A" { f = 1 } END { exit !f }'; }
@@ -191,7 +195,7 @@ live() {
 	DOWN_LIVE+=("$(sub "$running" "$frozen")")
 	grep -E '^\S+ +\+|lazy-pages:' "$OUT/$n.a" | cut -d' ' -f2- | tee -a "$LOG_FILE"
 	check "$n: moved to GPU 1 of node B (pid $new), its data verified, downtime ${DOWN_LIVE[-1]} s" \
-		verify "$new" && on_gpu1 "$new"
+		landed_ok "$new"
 	kill -9 "$new" 2>/dev/null
 }
 through_dir() {
@@ -216,7 +220,7 @@ through_dir() {
 	DOWN_DIR+=("$(sub "$running" "$frozen")")
 	log "$n: dump, copy ($copy s, $(du -sh "$W/into-$n" | cut -f1)), restore"
 	check "$n: moved to GPU 1 of node B through a directory (pid $new), its data verified, downtime ${DOWN_DIR[-1]} s" \
-		verify "$new" && on_gpu1 "$new"
+		landed_ok "$new"
 	kill -9 "$new" 2>/dev/null
 	rm -rf "$W/from-$n" "$W/into-$n"
 }
@@ -228,7 +232,10 @@ part_move() {
 	for i in $(seq "$ROUNDS"); do
 		if [ $((i % 2)) = 1 ]; then live "$i"; through_dir "$i"; else through_dir "$i"; live "$i"; fi
 	done
-	[ "${#DOWN_LIVE[@]}" -gt 0 ] && [ "${#DOWN_DIR[@]}" -gt 0 ] || { fail "move: no downtime to compare"; return 1; }
+	if [ "${#DOWN_LIVE[@]}" = 0 ] || [ "${#DOWN_DIR[@]}" = 0 ]; then
+		fail "move: no downtime to compare"
+		return 1
+	fi
 	live=$(median "${DOWN_LIVE[@]}") dir=$(median "${DOWN_DIR[@]}")
 	ratio=$(awk -v a="$live" -v b="$dir" 'BEGIN { printf "%.2f", a / b }')
 	log "downtime (s): live ${DOWN_LIVE[*]} (median $live); through a directory ${DOWN_DIR[*]} (median $dir)"
@@ -245,7 +252,7 @@ part_move() {
 start_job() {
 	DIR=$W/$1
 	rm -rf "$DIR" && mkdir -p "$DIR"
-	on "$2" env CUDA_VISIBLE_DEVICES=0,1 unshare --pid --fork setsid "$PYTHON" "$here/ddp-job.py" "$DIR" --spawn 2 \
+	"$NETBED" exec "$BED" "$2" -- env CUDA_VISIBLE_DEVICES=0,1 unshare --pid --fork setsid "$PYTHON" "$here/ddp-job.py" "$DIR" --spawn 2 \
 		--gpus 2 --steps "$STEPS" --sleep 0.02 --log-every 10 --ballast "$BALLAST" --device "$DEVICE" \
 		</dev/null >"$DIR/stdout" 2>&1 &
 	HOLDER=$!
