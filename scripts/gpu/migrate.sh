@@ -22,7 +22,7 @@
 # --sim: on this machine: the simulated GPU (cuda-sim-app verifies its data every step) and CPU
 # torch (gloo), target/debug's binaries, CRIU ($CRIU: the project's, patch 0014), PYTHON a Python
 # with torch; small sizes. Its times mean nothing.
-# Environment: GIB (8; sim 0.125), ROUNDS (2; sim 1), STEPS (600; sim 60), BALLAST (GiB per rank: 0.25;
+# Environment: GIB (8; sim 0.125), ROUNDS (2), STEPS (600; sim 60), BALLAST (GiB per rank: 0.25;
 # sim 0), PYTHON (python3), CRIU (sim: /usr/local/sbin/criu).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,7 +39,7 @@ LOG_FILE=$OUT/migrate.log
 # shellcheck source=scripts/gpu/job-lib.sh
 . "$here/job-lib.sh"
 if [ $sim = 1 ]; then
-	GIB=${GIB:-0.125} STEPS=${STEPS:-60} ROUNDS=${ROUNDS:-1} BALLAST=${BALLAST:-0}
+	GIB=${GIB:-0.125} STEPS=${STEPS:-60} BALLAST=${BALLAST:-0}
 	BIN=$root/target/debug CRIU=${CRIU:-/usr/local/sbin/criu} DEVICE=cpu
 else
 	GIB=${GIB:-8} STEPS=${STEPS:-600} BALLAST=${BALLAST:-0.25}
@@ -210,7 +210,7 @@ through_dir() {
 	on n1 "$CRIU_GPU" restore --device-map "${UUID[0]}=${UUID[1]}" "$W/into-$n" --criu "$CRIU" -- --lib "$PLUG" \
 		2>&1 | stamped "$OUT/$n.b"
 	[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-	new=$(cat "$(dirname "$(log_of "$OUT/$n.b" restore.log)")/restore.pid" "$W/into-$n/restore.pid" 2>/dev/null | head -1)
+	new=$(cat "$(dirname "$(log_of "$OUT/$n.b" restore.log)")/restore.pid" 2>/dev/null || cat "$W/into-$n/restore.pid")
 	if [ "$rc" != 0 ] || [ -z "$new" ]; then
 		fail "$n: the move failed: $(grep -hE 'criu-gpu:|Error' "$OUT/$n.a" "$OUT/$n.b" | head -4 | cut -d' ' -f2- | tr '\n' ' ')"
 		return 1
