@@ -79,6 +79,11 @@ SUBSET=(
 	"static/io_uring_eventfd h" "static/io_uring_inflight h" "static/io_uring_inflight_wq h"
 	"static/io_uring_fork h"
 	"static/pthread00 ns" "static/maps00 uns" "static/pipe00 uns"
+	# patch 0009: the extended state (AVX) and the alternate signal stack through compel's
+	# sigreturn frames, its system calls under strict seccomp, rseq; patch 0010: TCP sockets out
+	# of repair mode while dumped, in several states
+	"static/fpu01 h" "static/fpu03 h" "static/seccomp_strict h" "static/rseq00 h"
+	"static/socket-tcp h" "static/socket-tcp-fin-wait1 h" "static/socket-tcp-close-wait h"
 	"transition/thread-bomb h"
 	# runc and crun dump a container by its freezer cgroup (--freeze-cgroup): CRIU freezes
 	# the running cgroup (zdtm:t), or finds it frozen already (zdtm:f, a paused container).
