@@ -160,8 +160,14 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
     if r.dry_run {
         return Ok(would_run(command, plan));
     }
-    let ran = run_dump(&criu, &args, &[], &command, &r.dir)?;
+    std::fs::create_dir_all(&r.dir).map_err(|source| JobError::Io {
+        what: "creating the image directory".into(),
+        source,
+    })?;
+    // Before CRIU runs: a CRIU killed once it has begun to end the dumped tree leaves complete
+    // images, which restore with it (a failed dump's images are refused by CRIU's own checks).
     record_job(pid, &facts, &plan, &r.dir)?;
+    let ran = run_dump(&criu, &args, &[], &command, &r.dir)?;
     if !leave_running && plan.dump_args().iter().any(|a| a == "--network-lock") {
         release_network_lock(&r.dir);
     }
@@ -273,7 +279,6 @@ fn run_dump(
         let what = what.to_owned();
         move |source| JobError::Io { what, source }
     };
-    std::fs::create_dir_all(dir).map_err(io("creating the image directory"))?;
     out::line(format!("running: {}", command.join(" ")));
     let ran = run::criu(criu, args, env, &dir.join("dump.log"), "dumping", LIMIT)
         .map_err(io("running criu"))?;
