@@ -85,6 +85,11 @@ pub enum Command {
         listen: Option<String>,
         #[command(flatten)]
         moving: MoveArgs,
+        /// Where the restore writes (CRIU's --work-dir: its log, stats and pid file, the GPU
+        /// timings, the guardian's log); the images are left as they were, and may be read-only.
+        /// Default: a new directory criu-gpu-restore.* in the system's temporary directory.
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
     },
 
     /// Can this node restore that checkpoint's GPU state? (driver, GPUs, free memory, image integrity)

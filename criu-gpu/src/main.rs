@@ -105,12 +105,14 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
             no_prefetch,
             listen,
             moving,
+            work_dir,
         } => {
             let how = job::RestoreHow {
                 device_map,
                 address_map,
                 truncate_grown,
                 no_prefetch,
+                work_dir,
             };
             let (r, across) = job_request(dir.unwrap_or_default(), common, verbose)?;
             match listen {

@@ -1,8 +1,9 @@
 //! The plugin's phase timings as data: what each GPU phase of a dump or a restore took, written
-//! by the plugin at its `exit` beside its record, read by `criu-gpu inspect --json` and by the
-//! benchmarks (which must not depend on the wording of log lines).
+//! by the plugin at its `exit` (a dump's beside its record in the image directory, a restore's
+//! in CRIU's work directory: a restore leaves the images as they were), read by `criu-gpu
+//! inspect --json` and by the benchmarks (which must not depend on the wording of log lines).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -11,10 +12,10 @@ use crate::record::{self, RecordError};
 pub const FORMAT: &str = "criu-gpu-timings";
 pub const VERSION: u32 = 1;
 
-/// The files of the dump's and the restore's timings in the image directory.
+/// The files of the dump's timings (image directory) and the restore's (work directory).
 pub const FILES: [&str; 2] = ["gpu-timings-dump.json", "gpu-timings-restore.json"];
 
-/// The file of one command's timings in the image directory.
+/// The file of one command's timings.
 pub fn file(command: Command) -> &'static str {
     match command {
         Command::Dump => FILES[0],
@@ -67,8 +68,10 @@ impl Timings {
     }
 }
 
-pub fn write(dir: &Path, t: &Timings) -> Result<(), RecordError> {
-    record::write(dir, file(t.command), FORMAT, VERSION, t)
+/// Writes `t` into `dir`; the file's path.
+pub fn write(dir: &Path, t: &Timings) -> Result<PathBuf, RecordError> {
+    record::write(dir, file(t.command), FORMAT, VERSION, t)?;
+    Ok(dir.join(file(t.command)))
 }
 
 /// `Ok(None)` when the command wrote none (no GPU work, or another plugin).

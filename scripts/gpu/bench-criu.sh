@@ -29,7 +29,8 @@
 # /usr/local/lib/criu-gpu/stock/criu), CTL (cuda-checkpoint-ctl in PATH), PLUGINS (/usr/lib/criu,
 # holding criu_gpu_plugin.so), UPSTREAM_PLUGINS (/usr/local/lib/criu-gpu/upstream-cuda), IMAGES
 # (/dev/shm/bench-criu), DISK (/var/tmp, for the disk ceiling), WORK (/tmp/bench-criu), KEEP (set:
-# keep the images and logs of the last run in IMAGES/run).
+# keep the images and logs of the last run in IMAGES/run, the restore's log and timings in
+# IMAGES/run.restore).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 sim=0
@@ -157,8 +158,9 @@ ceilings() {
 	done
 }
 
-# Phases of one run. The project's plugin writes its own times as data (gpu-timings-*.json in the
-# image directory); CRIU's C plugin does not, so its driver time is the time from each of its
+# Phases of one run. The project's plugin writes its own times as data (gpu-timings-dump.json in
+# the image directory, gpu-timings-restore.json in the restore's work directory, beside its
+# restore.log: a restore leaves the images as they were); CRIU's C plugin does not, so its driver time is the time from each of its
 # lock, checkpoint and restore lines to the next line of CRIU's own (its cuda-checkpoint runs in
 # between).
 plugin_phase() { # DIR COMMAND PHASE: the seconds of the plugin's PHASE of COMMAND (dump, restore)
@@ -209,7 +211,7 @@ pages_restore() { # the patched CRIU's summary lines, else the span of the resto
 # run CASE STACK: one dump and restore of the case's processes (pids in $roots, $procs,
 # status files in $statuses) with STACK; appends a result line.
 run() {
-	local case=$1 stack=$2 dir="$IMAGES/run" t0 dump_s restore_s ok=1 i
+	local case=$1 stack=$2 dir="$IMAGES/run" rdir="$IMAGES/run.restore" t0 dump_s restore_s ok=1 i
 	local criu=$CRIU lib=$PLUGINS env=() thp=()
 	case $stack in
 	stock) criu=$CRIU_STOCK ;;
@@ -239,9 +241,11 @@ run() {
 		echo 3 >/proc/sys/vm/drop_caches
 	fi
 	t0=$(now)
-	if ! env "${env[@]}" timeout 900 "${thp[@]}" "$criu" restore -D "$dir" -d --lib "$lib" -v4 -o restore.log; then
+	rm -rf "$rdir" && mkdir -p "$rdir"
+	if ! env "${env[@]}" timeout 900 "${thp[@]}" "$criu" restore -D "$dir" --work-dir "$rdir" -d \
+		--lib "$lib" -v4 -o restore.log; then
 		fail "$case/$stack: restore"
-		grep -E 'Error|criu_gpu|cuda_plugin' "$dir/restore.log" | tail -5
+		grep -E 'Error|criu_gpu|cuda_plugin' "$rdir/restore.log" | tail -5
 		return 1
 	fi
 	restore_s=$(elapsed "$t0")
@@ -254,9 +258,9 @@ run() {
 	fi
 	local dd dp rd rp
 	dd=$(driver_dump "$stack" "$dir") dp=$(pages_dump "$dir")
-	rd=$(driver_restore "$stack" "$dir") rp=$(pages_restore "$dir")
+	rd=$(driver_restore "$stack" "$rdir") rp=$(pages_restore "$rdir")
 	local ov
-	ov=$(overlapped "$dir")
+	ov=$(overlapped "$rdir")
 	printf '  %-10s dump %6.2f s (driver %5s, pages %5s)  restore %6.2f s (driver %5s, pages %5s%s)\n' \
 		"$stack" "$dump_s" "${dd:-?}" "${dp:-?}" "$restore_s" "${rd:-?}" "${rp:-?}" "${ov:+; during the driver: $ov}"
 	echo "$case $stack $dump_s $restore_s ${dd:-0} ${dp:-0} ${rd:-0} ${rp:-0}" >>"$WORK/results"

@@ -561,6 +561,8 @@ pub struct RestoreHow {
     pub truncate_grown: bool,
     /// Do not read the pages images ahead while CRIU starts ([`prefetch`]).
     pub no_prefetch: bool,
+    /// CRIU's --work-dir (None: a new one in the system's temporary directory).
+    pub work_dir: Option<PathBuf>,
 }
 
 /// Restores the job dumped into `r.dir`.
@@ -574,7 +576,8 @@ pub fn restore(how: &RestoreHow, r: &Request) -> Result<Outcome, JobError> {
         plan.problems.extend(address_map_problem(&criu, map));
         env.push(address_map_env(map));
     }
-    let args = restore_args(&rec, r);
+    let work = work_dir(how, r)?;
+    let args = restore_args(&rec, r, &work);
     let plan = show_or_refuse(plan)?;
     let command = full_command(&criu, &args);
     if r.dry_run {
@@ -583,12 +586,16 @@ pub fn restore(how: &RestoreHow, r: &Request) -> Result<Outcome, JobError> {
     if how.truncate_grown {
         cut_back_grown(&r.dir)?;
     }
+    out::line(format!(
+        "the restore writes into {} (CRIU's log, the GPU timings); the images are left as they were",
+        work.display()
+    ));
     let ahead = if how.no_prefetch {
         None
     } else {
         prefetch::start(&r.dir)
     };
-    let ran = run_restore(&criu, &args, &env, &command, &r.dir);
+    let ran = run_restore(&criu, &args, &env, &command, &work);
     if let Some(p) = ahead.map(prefetch::Prefetch::finish) {
         out::line(format!(
             "read ahead {} of pages images from the disk while CRIU restored",
@@ -596,7 +603,7 @@ pub fn restore(how: &RestoreHow, r: &Request) -> Result<Outcome, JobError> {
         ));
     }
     let ran = ran?;
-    let root = std::fs::read_to_string(r.dir.join("restore.pid"))
+    let root = std::fs::read_to_string(work.join("restore.pid"))
         .ok()
         .and_then(|t| t.trim().parse().ok());
     out::line(format!(
@@ -653,9 +660,40 @@ fn restore_plan(rec: &JobRecord, how: &RestoreHow, dir: &Path) -> Plan {
     plan
 }
 
+/// Where the restore writes, made if it is not there: never the image directory, which a
+/// restore leaves as it was (and which may be read-only, a mounted checkpoint image).
+fn work_dir(how: &RestoreHow, r: &Request) -> Result<PathBuf, JobError> {
+    let io = |source| JobError::Io {
+        what: "making the restore's work directory".into(),
+        source,
+    };
+    let name = r
+        .dir
+        .file_name()
+        .map_or("job".into(), |n| n.to_string_lossy());
+    let prefix = format!("criu-gpu-restore.{name}.");
+    match &how.work_dir {
+        Some(d) if r.dry_run => Ok(d.clone()),
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(io)?;
+            Ok(d.clone())
+        }
+        // A dry run makes nothing: the name is what a restore would make.
+        None if r.dry_run => Ok(std::env::temp_dir().join(format!("{prefix}XXXXXX"))),
+        None => {
+            let d = tempfile::Builder::new()
+                .prefix(&prefix)
+                .tempdir()
+                .map_err(io)?;
+            Ok(d.keep())
+        }
+    }
+}
+
 /// CRIU's arguments for the restore (without CRIU itself): the options the job was dumped with.
-fn restore_args(rec: &JobRecord, r: &Request) -> Vec<String> {
+fn restore_args(rec: &JobRecord, r: &Request, work: &Path) -> Vec<String> {
     let mut args: Vec<String> = vec!["restore".into(), "-D".into(), r.dir.display().to_string()];
+    args.extend(["--work-dir".into(), work.display().to_string()]);
     args.extend(
         [
             "-d",
@@ -689,7 +727,8 @@ fn cut_back_grown(dir: &Path) -> Result<(), JobError> {
     Ok(())
 }
 
-/// Runs CRIU's restore from `dir`; its failure leaves nothing running and the images as they were.
+/// Runs CRIU's restore, writing into `dir` (its work directory); its failure leaves nothing
+/// running and the images as they were.
 fn run_restore(
     criu: &Path,
     args: &[String],

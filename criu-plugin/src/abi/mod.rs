@@ -27,7 +27,7 @@ use crate::core::{
     stats, FinalState, HookResult, Host, Inventory, Plugin, Stage, ThreadControl, Verdict, NAME,
 };
 use crate::guardian::proto::Watch;
-use crate::guardian::{Guardian, GuardianError};
+use crate::guardian::{Dirs, Guardian, GuardianError};
 use criu_gpu_image::addrmap;
 
 /// CRIU's plugin ABI version (CRIU_PLUGIN_VERSION, unchanged since 2014).
@@ -139,6 +139,10 @@ impl Host for CriuHost {
     fn image_dir(&self) -> Option<PathBuf> {
         criu::image_dir_fd().map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")))
     }
+    fn work_dir(&self) -> Option<PathBuf> {
+        // CRIU changes into its work directory before it loads plugins.
+        std::env::current_dir().ok()
+    }
     fn dump_root(&self) -> Option<i32> {
         criu::dump_root_pid()
     }
@@ -163,14 +167,18 @@ impl Host for CriuHost {
     }
 }
 
-/// Forks the guardian from CRIU's process (see [`crate::guardian`]). It keeps its own handle on
-/// the image directory, for its log.
+/// Forks the guardian from CRIU's process (see [`crate::guardian`]). It keeps its own handles on
+/// the image directory, and on where its log goes: the images on dump, CRIU's work directory on
+/// restore (a restore leaves the images as they were).
 fn fork_guardian(watch: Watch) -> Result<Guardian, GuardianError> {
-    let dir = criu::image_dir_fd()
-        .and_then(|fd| std::fs::File::open(format!("/proc/self/fd/{fd}")).ok())
-        .map(std::os::fd::OwnedFd::from);
+    let open = |p: PathBuf| std::fs::File::open(p).ok().map(std::os::fd::OwnedFd::from);
+    let images = criu::image_dir_fd().and_then(|fd| open(format!("/proc/self/fd/{fd}").into()));
+    let log = match watch.restore() {
+        true => std::env::current_dir().ok().and_then(open),
+        false => criu::image_dir_fd().and_then(|fd| open(format!("/proc/self/fd/{fd}").into())),
+    };
     let dump_root = (!watch.restore()).then(criu::dump_root_pid).flatten();
-    Guardian::fork(watch, dir, criu::run_id(), dump_root)
+    Guardian::fork(watch, Dirs { images, log }, criu::run_id(), dump_root)
 }
 
 /// The inventory of the image CRIU restores, through CRIU's own functions.

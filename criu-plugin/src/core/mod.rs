@@ -93,6 +93,11 @@ pub trait Host {
     fn use_interrupt_only_seizing(&self) -> bool;
     /// The image directory, as a path.
     fn image_dir(&self) -> Option<PathBuf>;
+    /// CRIU's work directory (`--work-dir`, the image directory unless given), where it writes
+    /// its log and stats: what a restore writes goes there, never into the images.
+    fn work_dir(&self) -> Option<PathBuf> {
+        self.image_dir()
+    }
     /// The root of the tree being dumped, known from `init` on.
     fn dump_root(&self) -> Option<i32>;
     /// What is left of CRIU's alarm around seizing the tree (PAUSE_DEVICES runs inside it).
@@ -197,9 +202,9 @@ pub struct Plugin {
     pub stage: Stage,
     host: Box<dyn Host + Send>,
     backends: Vec<Box<dyn Backend>>,
-    /// The image directory as a path, taken at `init`: CRIU may have closed its descriptor of
-    /// it by `exit` (a restore does).
-    image_dir: Option<PathBuf>,
+    /// Where this command's timings go, taken at `init`: the image directory on dump, CRIU's
+    /// work directory on restore (which leaves the images as they were).
+    out_dir: Option<PathBuf>,
     /// A restore on other addresses: the moves of its sockets.
     remap: Option<inet::Remap>,
 }
@@ -210,14 +215,17 @@ impl Plugin {
         host: Box<dyn Host + Send>,
         backends: Vec<Box<dyn Backend>>,
     ) -> Plugin {
-        let image_dir = host
-            .image_dir()
-            .map(|p| std::fs::read_link(&p).unwrap_or(p));
+        // As a path: CRIU may have closed its descriptor of the images by `exit` (a restore does).
+        let out_dir = match stage {
+            Stage::Restore => host.work_dir(),
+            _ => host.image_dir(),
+        }
+        .map(|p| std::fs::read_link(&p).unwrap_or(p));
         Plugin {
             stage,
             host,
             backends,
-            image_dir,
+            out_dir,
             remap: None,
         }
     }
@@ -302,18 +310,20 @@ impl Plugin {
         self.write_timings(success);
     }
 
-    /// The GPU phases' times as data beside the record (criu_gpu_image::timings).
+    /// The GPU phases' times as data (criu_gpu_image::timings): a dump's beside its record, a
+    /// restore's in CRIU's work directory.
     fn write_timings(&self, success: bool) {
         let command = match self.stage {
             Stage::Dump => Command::Dump,
             Stage::Restore => Command::Restore,
             Stage::PreDump => return,
         };
-        let (Some(t), Some(dir)) = (stats::timings(command, success), &self.image_dir) else {
+        let (Some(t), Some(dir)) = (stats::timings(command, success), &self.out_dir) else {
             return;
         };
-        if let Err(e) = timings::write(dir, &t) {
-            tracing::warn!("the GPU phase timings were not written: {e}");
+        match timings::write(dir, &t) {
+            Ok(path) => tracing::info!("GPU phase timings in {}", path.display()),
+            Err(e) => tracing::warn!("the GPU phase timings were not written: {e}"),
         }
     }
 }
@@ -386,6 +396,17 @@ mod tests {
         );
         let err = p.dispatch(|b, h| b.pause_devices(h, -1)).unwrap_err();
         assert_eq!(err.to_string(), "a: broken", "errors name the backend");
+    }
+
+    #[test]
+    fn a_restore_writes_into_the_work_directory_and_a_dump_into_the_images() {
+        let host = |stage| {
+            let mut h = FakeHost::new(Some("/images".into()));
+            h.work_dir = Some("/work".into());
+            Plugin::new(stage, Box::new(h), Vec::new()).out_dir
+        };
+        assert_eq!(host(Stage::Restore), Some("/work".into()));
+        assert_eq!(host(Stage::Dump), Some("/images".into()));
     }
 
     #[test]

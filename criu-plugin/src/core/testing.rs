@@ -48,6 +48,8 @@ pub type Deferred = (i32, Range<u64>);
 pub struct FakeHost {
     pub final_state: Option<FinalState>,
     pub image_dir: Option<PathBuf>,
+    /// CRIU's work directory (`None`: the image directory, as CRIU has it without --work-dir).
+    pub work_dir: Option<PathBuf>,
     pub required: Mutex<Vec<String>>,
     pub interrupt_only: Mutex<bool>,
     pub threads: FakeThreads,
@@ -64,6 +66,7 @@ impl FakeHost {
         FakeHost {
             final_state: Some(FinalState::Dead),
             image_dir,
+            work_dir: None,
             required: Mutex::new(Vec::new()),
             interrupt_only: Mutex::new(false),
             threads: FakeThreads::default(),
@@ -89,6 +92,9 @@ impl Host for FakeHost {
     }
     fn image_dir(&self) -> Option<PathBuf> {
         self.image_dir.clone()
+    }
+    fn work_dir(&self) -> Option<PathBuf> {
+        self.work_dir.clone().or_else(|| self.image_dir.clone())
     }
     fn dump_root(&self) -> Option<i32> {
         self.root

@@ -15,7 +15,7 @@ use super::agent::{GpuDriver, Machine, Unpaused};
 use super::lineage::Lineage;
 use super::proto::Level;
 
-/// The guardian's log file in the image directory.
+/// The guardian's log file: in the image directory on dump, CRIU's work directory on restore.
 pub const LOG_FILE: &str = "gpu-guardian.log";
 
 pub struct Real {
@@ -23,6 +23,7 @@ pub struct Real {
     /// AMD's KFD (the simulated one in test builds, where `AMD_KFD_SIM_ROOT` names it).
     kfd: OnceLock<Option<Box<dyn amd_kfd::device::Kfd>>>,
     image_dir: Option<OwnedFd>,
+    log_dir: Option<OwnedFd>,
     /// Restore: what the watched CRIU creates.
     lineage: Option<Lineage>,
     /// The watched CRIU's run id (its network lock on dump).
@@ -33,15 +34,12 @@ pub struct Real {
 }
 
 impl Real {
-    pub fn new(
-        image_dir: Option<OwnedFd>,
-        lineage: Option<Lineage>,
-        run_id: Option<String>,
-    ) -> Real {
+    pub fn new(dirs: super::Dirs, lineage: Option<Lineage>, run_id: Option<String>) -> Real {
         Real {
             driver: OnceLock::new(),
             kfd: OnceLock::new(),
-            image_dir,
+            image_dir: dirs.images,
+            log_dir: dirs.log,
             lineage,
             run_id,
             dump_root: None,
@@ -191,7 +189,7 @@ impl Machine for Real {
 
     fn record(&self, level: Level, line: &str) {
         super::sys::syslog(matches!(level, Level::Error | Level::Warn), line);
-        let Some(dir) = &self.image_dir else {
+        let Some(dir) = &self.log_dir else {
             return;
         };
         let Ok(fd) = rustix::fs::openat(

@@ -70,6 +70,15 @@ pub struct Guardian {
     buf: Vec<u8>,
 }
 
+/// The directories a guardian keeps handles on.
+pub struct Dirs {
+    /// The image directory: the image files it checks, a restore's run id.
+    pub images: Option<OwnedFd>,
+    /// Where its log goes (machine::LOG_FILE): the image directory on dump, CRIU's work
+    /// directory on restore.
+    pub log: Option<OwnedFd>,
+}
+
 impl Guardian {
     /// Forks the guardian process watching the CRIU command this process runs. Must be
     /// called while CRIU runs a single thread (hooks run on it; the plugin's own threads are
@@ -79,7 +88,7 @@ impl Guardian {
     /// mode if CRIU dies).
     pub fn fork(
         watch: Watch,
-        image_dir: Option<OwnedFd>,
+        dirs: Dirs,
         run_id: Option<String>,
         dump_root: Option<i32>,
     ) -> Result<Guardian, GuardianError> {
@@ -95,8 +104,10 @@ impl Guardian {
                 .ok(),
             false => None,
         };
-        let keep: Vec<RawFd> = image_dir
+        let keep: Vec<RawFd> = dirs
+            .images
             .iter()
+            .chain(dirs.log.iter())
             .chain(events.iter())
             .map(|d| d.as_raw_fd())
             .collect();
@@ -104,7 +115,7 @@ impl Guardian {
             let lineage = watch
                 .restore()
                 .then(|| lineage::Lineage::follow(events, criu_pid));
-            let machine = machine::Real::new(image_dir, lineage, run_id).dumping(dump_root);
+            let machine = machine::Real::new(dirs, lineage, run_id).dumping(dump_root);
             let machine = std::sync::Arc::new(machine);
             if let Ok(agent) = agent::Agent::new(watch, machine, link, criu, criu_pid) {
                 agent.run();

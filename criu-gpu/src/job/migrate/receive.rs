@@ -249,7 +249,8 @@ fn restore(
     drop(pages);
     wire.send(&Msg::Restoring)
         .map_err(|e| MigrateError::Lost(e.to_string()))?;
-    let mut args = job::restore_args(&rec, r);
+    // The received images are this node's own copy: the restore writes beside them.
+    let mut args = job::restore_args(&rec, r, &r.dir);
     args.extend(["--lazy-pages", "--pages-before-resume"].map(str::to_owned));
     let mut env = Vec::new();
     if !device_map.is_empty() {

@@ -2,7 +2,8 @@
 //! each process was before the dump, and watches CRIU. If CRIU goes away before the plugin's
 //! `exit` has finished, the guardian finishes the job alone: it brings every process it touched
 //! back to its state before the dump, or kills a half-restored tree, and says so in syslog and in
-//! `gpu-guardian.log` in the image directory. For a ROCm dump it holds the KFD file of each
+//! `gpu-guardian.log` (in the image directory on dump, CRIU's work directory on restore). For a
+//! ROCm dump it holds the KFD file of each
 //! process whose GPU queues the dump pauses, and restarts them if CRIU goes first ([`kfd`]).
 //!
 //! Calls on one process run one after another on a worker thread of their own (the driver
@@ -76,7 +77,7 @@ pub trait Machine: Send + Sync + 'static {
     fn remove_ghosts(&self) -> Vec<String> {
         Vec::new()
     }
-    /// Where the guardian writes when CRIU is gone: syslog and the image directory's log.
+    /// Where the guardian writes when CRIU is gone: syslog and its log (machine::LOG_FILE).
     fn record(&self, level: Level, line: &str);
     /// The node's huge page policy, if the guardian may change it.
     fn thp(&self) -> Option<Thp> {
