@@ -21,6 +21,8 @@ pub mod migrate;
 pub mod netbed;
 pub mod podman;
 pub mod rsh;
+pub mod sweep;
+pub mod uring;
 
 /// A container root file system holding the test application, the simulated driver and the C
 /// libraries they need, as a tar under `scratch`. No registry is involved.
