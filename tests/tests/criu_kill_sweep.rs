@@ -188,6 +188,7 @@ fn back_from_images(w: &mut Workload, images: &Path, at: &str, t: &mut Tally) ->
     for p in &w.pids {
         wait_gone(*p);
     }
+    w.judge_from_now();
     let out = w.restore(images, None);
     let lives = w.lives();
     if out.status.success() && lives.is_ok() {
