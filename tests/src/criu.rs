@@ -36,6 +36,10 @@ pub const STOCK: &str = "/usr/local/lib/criu-gpu/stock/criu";
 /// Where scripts/install-criu.sh puts CRIU's own C CUDA plugin.
 pub const UPSTREAM_CUDA: &str = "/usr/local/lib/criu-gpu/upstream-cuda/cuda_plugin.so";
 
+/// Names CRIU's C CUDA plugin where it is not installed (scripts/gpu/scenarios.sh: the carried
+/// one).
+pub const UPSTREAM_CUDA_ENV: &str = "GPU_CKPT_UPSTREAM_CUDA";
+
 /// An image directory and the plugin directory for one simulated machine.
 pub struct Criu {
     pub bin: PathBuf,
@@ -61,14 +65,17 @@ impl Criu {
     /// A plugin directory holding NVIDIA's C CUDA plugin as CRIU builds it (installed apart by
     /// scripts/install-criu.sh).
     pub fn upstream_cuda(m: &impl Machine) -> Criu {
-        let built = Path::new(UPSTREAM_CUDA);
+        let built = std::env::var(UPSTREAM_CUDA_ENV)
+            .map_or_else(|_| PathBuf::from(UPSTREAM_CUDA), PathBuf::from);
         assert!(
             built.exists(),
-            "{UPSTREAM_CUDA} is missing: run scripts/install-criu.sh (it builds CRIU's CUDA plugin)"
+            "{} is missing: run scripts/install-criu.sh (it builds CRIU's CUDA plugin), or set \
+             {UPSTREAM_CUDA_ENV}",
+            built.display()
         );
         let plugins = m.scratch().join("upstream-plugins");
         fs::create_dir_all(&plugins).unwrap();
-        fs::copy(built, plugins.join("cuda_plugin.so")).unwrap();
+        fs::copy(&built, plugins.join("cuda_plugin.so")).unwrap();
         Criu {
             bin: criu_binary(),
             plugins,
@@ -248,7 +255,8 @@ pub fn signal_when(
 /// The guardian's record in the image directory, once it mentions `what`.
 pub fn guardian_log(images: &Path, what: &str) -> String {
     let path = images.join("gpu-guardian.log");
-    let found = crate::wait_until(std::time::Duration::from_secs(20), || {
+    // A minute: putting back a large process on a loaded machine, or a GPU's 4 GiB.
+    let found = crate::wait_until(std::time::Duration::from_secs(60), || {
         fs::read_to_string(&path).is_ok_and(|l| l.contains(what))
     });
     let text = fs::read_to_string(&path).unwrap_or_default();

@@ -19,8 +19,11 @@ pub mod kube;
 pub mod memcg;
 pub mod migrate;
 pub mod netbed;
+pub mod nvidia;
 pub mod podman;
 pub mod rsh;
+pub mod scenario;
+pub mod scenario_job;
 pub mod sweep;
 pub mod uring;
 

@@ -1,7 +1,6 @@
 //! The CRIU plugin with the real CRIU and the simulated CUDA driver: dumps and restores of GPU
 //! process trees, and every failure on the way leaving the application alive with its data.
 
-use std::os::unix::net::UnixListener;
 use std::time::Duration;
 
 use gpu_ckpt_tests::criu::{self, assert_ok, plugin_lines, Criu};
@@ -179,23 +178,6 @@ fn a_tree_of_gpu_and_plain_processes_is_checkpointed_and_restored_together() {
 }
 
 #[test]
-fn leave_running_keeps_the_process_going_and_the_image_restores_later() {
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    let app = sim.app("app", &["--mib", "16"]);
-    let images = sim.dir.join("img");
-    let out = c.dump(&sim, app.pid, &images, &["--leave-running"], &[]);
-    assert_ok(&out, &images, "dump.log");
-    assert_eq!(sim.state(app.pid), "running", "GPU state put back");
-    assert_eq!(sim.gpus()[0].1, 16 << 20);
-    assert!(app.advances(3));
-    // Later: the process is lost, and comes back from the image.
-    signal(app.pid, Signal::SIGKILL);
-    wait_gone(app.pid);
-    restore_and_check(&mut sim, &c, &app, &images, &[]);
-}
-
-#[test]
 fn restore_on_another_machine_needs_a_map_and_then_works() {
     let mut sim = Sim::start();
     let c = Criu::new(&sim);
@@ -235,29 +217,6 @@ fn restore_on_another_machine_needs_a_map_and_then_works() {
     );
     let used: Vec<u64> = sim.gpus().iter().map(|g| g.1).collect();
     assert_eq!(used.iter().sum::<u64>(), 16 << 20);
-}
-
-#[test]
-fn a_lock_timeout_fails_the_dump_and_the_process_keeps_running() {
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    let app = sim.app("busy", &["--busy-ms", "2000", "--interval-ms", "0"]);
-    let images = sim.dir.join("img");
-    let log = failed_dump(
-        &sim,
-        &c,
-        app.pid,
-        &images,
-        &[("CRIU_GPU_LOCK_TIMEOUT_MS", "300")],
-    );
-    assert!(
-        log.contains("GPU work in process") && log.contains("did not finish within 300 ms"),
-        "{}",
-        criu::tail(&log, 20)
-    );
-    assert_eq!(sim.state(app.pid), "running");
-    assert!(app.advances(2));
-    app.assert_healthy();
 }
 
 #[test]
@@ -354,41 +313,6 @@ fn first_child(pid: i32) -> i32 {
         !kids.trim().is_empty()
     }));
     kids.split_whitespace().next().unwrap().parse().unwrap()
-}
-
-#[test]
-fn criu_failing_after_the_checkpoint_puts_the_gpu_state_back() {
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    // A socket CRIU cannot dump: the dump fails when it reaches the files, after the GPU
-    // checkpoint.
-    let outside = sim.dir.join("outside.sock");
-    let listener = UnixListener::bind(&outside).unwrap();
-    let app = sim.app(
-        "app",
-        &[
-            "--mib",
-            "16",
-            "--hold-unix-socket",
-            outside.to_str().unwrap(),
-        ],
-    );
-    let _conn = listener.accept().unwrap();
-    let images = sim.dir.join("img");
-    let log = failed_dump(&sim, &c, app.pid, &images, &[]);
-    assert!(
-        log.contains("checkpointed 1 CUDA process"),
-        "the GPU part had succeeded"
-    );
-    assert!(
-        log.contains("returned to its state before the dump"),
-        "{}",
-        criu::tail(&log, 30)
-    );
-    assert_eq!(sim.state(app.pid), "running");
-    assert_eq!(sim.gpus()[0].1, 16 << 20);
-    assert!(app.advances(3));
-    app.assert_healthy();
 }
 
 #[test]

@@ -1,44 +1,15 @@
-//! Failure paths with the real CRIU and the simulated GPU: CRIU killed at each stage of a dump
-//! and of a restore, a failing post-dump script, damaged images, busy processes that must be
-//! locked together. Each ends with the application running with its data (or the images
-//! restoring on a retry), whatever killed CRIU.
+//! Failure paths with the real CRIU and the simulated GPU: CRIU killed in a restore, damaged
+//! images, settings, stopped trees. Each ends with the application running with its data (or the
+//! images restoring on a retry). CRIU stopped at each stage of a dump, and the other failures a
+//! real GPU must also show, are scenarios shared with the NVIDIA machine (tests/tests/scenarios).
 
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
-use gpu_ckpt_tests::criu::{self, assert_ok, plugin_lines, Criu};
+use gpu_ckpt_tests::criu::{self, assert_ok, Criu};
+use gpu_ckpt_tests::scenario::action_spans;
 use gpu_ckpt_tests::*;
 use nix::sys::signal::Signal;
-
-/// Sends `sig` to `child` once `pattern` shows in `log` (after `delay`); false if CRIU ended first.
-fn signal_when(child: &mut Child, log: &Path, pattern: &str, delay: Duration, sig: Signal) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) {
-        if std::fs::read_to_string(log).is_ok_and(|l| l.contains(pattern)) {
-            std::thread::sleep(delay);
-            signal(child.id() as i32, sig);
-            let _ = child.wait();
-            return true;
-        }
-        if let Ok(Some(_)) = child.try_wait() {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    panic!("{pattern:?} never appeared in {}", log.display());
-}
-
-/// The guardian's record in the image directory, once it mentions `what`.
-fn guardian_log(images: &Path, what: &str) -> String {
-    let path = images.join("gpu-guardian.log");
-    let found = wait_until(Duration::from_secs(20), || {
-        std::fs::read_to_string(&path).is_ok_and(|l| l.contains(what))
-    });
-    let text = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(found, "the guardian did not log {what:?}: {text}");
-    text
-}
 
 /// The application is running again with every word of its device data.
 fn runs_with_its_data(sim: &Sim, app: &App) {
@@ -74,89 +45,6 @@ fn restores_with_its_data(sim: &mut Sim, c: &Criu, app: &App, images: &Path) {
     runs_with_its_data(sim, app);
 }
 
-fn kill_dump_at(pattern: &str, delay: Duration, sig: Signal, app_args: &[&str]) {
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    let app = sim.app("app", app_args);
-    let images = sim.dir.join("img");
-    let mut criu = c.spawn_dump(&sim, app.pid, &images, &[], &[]);
-    assert!(
-        signal_when(&mut criu, &images.join("dump.log"), pattern, delay, sig),
-        "CRIU ended before {pattern:?}"
-    );
-    let rec = guardian_log(&images, "returned to its state before the dump");
-    assert!(rec.contains("ended in the middle of a dump"), "{rec}");
-    runs_with_its_data(&sim, &app);
-}
-
-#[test]
-fn criu_killed_while_a_lock_waits_for_the_gpu_leaves_the_app_running() {
-    // The lock lands after CRIU died (the driver finishes calls whose caller is gone): the
-    // guardian waits for it, then unlocks.
-    kill_dump_at(
-        "criu_gpu' hook 10",
-        Duration::from_millis(300),
-        Signal::SIGKILL,
-        &["--busy-ms", "1500", "--interval-ms", "0"],
-    );
-}
-
-#[test]
-fn criu_killed_during_the_gpu_checkpoint_leaves_the_app_running() {
-    kill_dump_at(
-        "criu_gpu' hook 11",
-        Duration::ZERO,
-        Signal::SIGKILL,
-        &["--mib", "256"],
-    );
-}
-
-#[test]
-fn criu_killed_while_dumping_pages_leaves_the_app_running() {
-    kill_dump_at(
-        "checkpointed 1 CUDA process",
-        Duration::ZERO,
-        Signal::SIGKILL,
-        &["--mib", "256"],
-    );
-}
-
-#[test]
-fn criu_terminated_by_a_runtime_leaves_the_app_running() {
-    kill_dump_at(
-        "checkpointed 1 CUDA process",
-        Duration::ZERO,
-        Signal::SIGTERM,
-        &["--mib", "256"],
-    );
-}
-
-/// An action script that exits 1 at `action` (CRIU then reports the dump failed).
-fn failing_script(dir: &Path, action: &str) -> String {
-    let path = dir.join("action.sh");
-    std::fs::write(
-        &path,
-        format!("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = '{action}' ] && exit 1\nexit 0\n"),
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    path.display().to_string()
-}
-
-#[test]
-fn a_failing_post_dump_script_leaves_nothing_checkpointed() {
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    let app = sim.app("app", &["--mib", "32"]);
-    let images = sim.dir.join("img");
-    let script = failing_script(&sim.dir, "post-dump");
-    let out = c.dump(&sim, app.pid, &images, &["--action-script", &script], &[]);
-    assert!(!out.status.success(), "CRIU reports the script's failure");
-    // Stock CRIU tells plugins the dump succeeded and resumes the tasks: the guardian sees them
-    // alive once CRIU is gone. The project's CRIU tells the plugin, which rolls back in `exit`.
-    runs_with_its_data(&sim, &app);
-}
-
 #[test]
 fn criu_killed_mid_restore_leaves_no_half_restored_tree_and_the_images_restore() {
     let (mut sim, c, app, images) = dumped("32");
@@ -164,51 +52,10 @@ fn criu_killed_mid_restore_leaves_no_half_restored_tree_and_the_images_restore()
     let script = criu::killing_script(&sim.dir, "post-restore");
     let out = c.restore(&sim, &images, &["--action-script", &script], &[]);
     assert!(!out.status.success());
-    let rec = guardian_log(&images, "half-restored");
+    let rec = criu::guardian_log(&images, "half-restored");
     assert!(rec.contains("restore again"), "{rec}");
     wait_gone(app.pid);
     restores_with_its_data(&mut sim, &c, &app, &images);
-}
-
-#[test]
-fn busy_processes_are_locked_together_within_criu_timeout() {
-    // Two processes whose kernels take 2 s: one lock after the other needs up to 4 s, which
-    // criu --timeout 4 does not leave after its own seizing; locked together they take 2 s.
-    // The simulated driver's trace shows whether the two locks were pending at the same time.
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    let root = sim.app(
-        "busy",
-        &[
-            "--children",
-            "1",
-            "--busy-ms",
-            "2000",
-            "--interval-ms",
-            "0",
-            "--mib",
-            "8",
-        ],
-    );
-    let images = sim.dir.join("img");
-    let trace = sim.dir.join("trace");
-    let trace_s = trace.display().to_string();
-    let env = [("CUDA_SIM_TRACE", trace_s.as_str())];
-    let out = c.dump(&sim, root.pid, &images, &["--timeout", "4"], &env);
-    assert_ok(&out, &images, "dump.log");
-    let log = plugin_lines(&images, "dump.log").join("\n");
-    assert!(log.contains("locked 2 CUDA process(es) at once"), "{log}");
-    let locks = action_spans(&trace, "lock");
-    assert_eq!(locks.len(), 2, "{locks:?}");
-    assert!(
-        locks.iter().map(|l| l.0).max() < locks.iter().map(|l| l.1).min(),
-        "the two locks did not overlap: {locks:?}"
-    );
-    // CRIU's own words when its seize alarm fires (the plugin's warning quotes part of them).
-    assert!(
-        !criu::log(&images, "dump.log").contains("Timeout reached. Try to interrupt"),
-        "the locks fit in CRIU's seize time"
-    );
 }
 
 #[test]
@@ -399,21 +246,6 @@ fn a_dump_that_leaves_the_tree_stopped_puts_the_gpu_state_back() {
     // (Its state cannot be asked while it is stopped: the driver's thread answers, F11.)
     signal(app.pid, Signal::SIGCONT);
     runs_with_its_data(&sim, &app);
-}
-
-/// (start, end) of each `op` action in the simulated driver's trace.
-fn action_spans(trace: &Path, op: &str) -> Vec<(u64, u64)> {
-    let field = |l: &str, k: &str| -> u64 {
-        l.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    read_lines(trace)
-        .iter()
-        .filter(|l| l.contains(&format!("op={op} ")))
-        .map(|l| (field(l, "start_ns="), field(l, "end_ns=")))
-        .collect()
 }
 
 #[test]

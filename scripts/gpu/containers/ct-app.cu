@@ -13,9 +13,16 @@
 // opened for each line (no file stays open across a checkpoint). uuid= is the GPU the CUDA
 // runtime reports for the device in use, read at every step (after a restore onto another
 // GPU, what the process itself sees).
+// Optional: BUSY_MS, a kernel spinning that long on the GPU before each check (a process whose
+// GPU is busy, for lock tests); UNIX_SOCKET, a connection to it held open for the whole run (a
+// resource CRIU cannot dump, so that a dump fails after the GPU checkpoint). The Rust scenarios
+// (tests/tests/scenarios) run it as the NVIDIA machine's application.
 // Build: nvcc -O2 -o ct-app ct-app.cu
 #include <cuda_runtime.h>
 #include <stdarg.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +42,16 @@ __host__ __device__ static inline uint64_t mix(uint64_t x, uint64_t i)
 __host__ __device__ static inline uint64_t value(uint64_t seed, uint64_t i, uint64_t step)
 {
 	return mix(seed + step * 0xd1b54a32d192ed03ULL, i);
+}
+
+// Spins for `ns` nanoseconds of the GPU's global timer.
+__global__ void spin(uint64_t ns)
+{
+	uint64_t start, now;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+	do {
+		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+	} while (now - start < ns);
 }
 
 __global__ void fill(uint64_t *d, uint64_t n, uint64_t seed)
@@ -97,9 +114,21 @@ static void uuid_text(char *out, size_t len)
 
 int main(int argc, char **argv)
 {
-	if (argc != 5) {
-		fprintf(stderr, "usage: %s GIB SEED LOG INTERVAL_MS\n", argv[0]);
+	if (argc < 5 || argc > 7) {
+		fprintf(stderr, "usage: %s GIB SEED LOG INTERVAL_MS [BUSY_MS [UNIX_SOCKET]]\n", argv[0]);
 		return 1;
+	}
+	uint64_t busy_ns = argc > 5 ? strtoull(argv[5], NULL, 0) * 1000000ULL : 0;
+	if (argc > 6) {
+		struct sockaddr_un a;
+		memset(&a, 0, sizeof(a));
+		a.sun_family = AF_UNIX;
+		int s = socket(AF_UNIX, SOCK_STREAM, 0);
+		strncpy(a.sun_path, argv[6], sizeof(a.sun_path) - 1);
+		if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof(a)) != 0) {
+			fprintf(stderr, "connect %s failed\n", argv[6]);
+			return 1;
+		}
 	}
 	double gib = atof(argv[1]);
 	uint64_t seed = strtoull(argv[2], NULL, 0);
@@ -120,6 +149,8 @@ int main(int argc, char **argv)
 	say("start pid=%d device=%d words=%llu uuid=%s", getpid(), dev, (unsigned long long)n, uuid);
 	for (step = 0;; step++) {
 		unsigned long long h[2] = { 0, ~0ULL };
+		if (busy_ns)
+			spin<<<1, 1>>>(busy_ns);
 		CK(cudaMemcpy(bad, h, 16, cudaMemcpyHostToDevice));
 		check_and_advance<<<1024, 256>>>(d, n, seed, step, bad, bad + 1);
 		CK(cudaMemcpy(h, bad, 16, cudaMemcpyDeviceToHost));

@@ -3,11 +3,12 @@
 //! plugin restores.
 
 use gpu_ckpt_tests::criu::{self, assert_ok, Criu};
-use gpu_ckpt_tests::*;
+use gpu_ckpt_tests::scenario::{Host, Work};
+use gpu_ckpt_tests::{artifact, stderr, stdout, wait_gone, Machine};
 
 /// A directory with `cuda-checkpoint` -> cuda-checkpoint-ctl, first in PATH.
-fn drop_in(sim: &Sim) -> String {
-    let bin = sim.dir.join("drop-in");
+fn drop_in(host: &Host) -> String {
+    let bin = host.path("drop-in");
     std::fs::create_dir_all(&bin).unwrap();
     let link = bin.join("cuda-checkpoint");
     let _ = std::fs::remove_file(&link);
@@ -20,19 +21,26 @@ fn drop_in(sim: &Sim) -> String {
 }
 
 /// CRIU's plugin only runs where /proc/driver/nvidia/gpus exists, unless CRIU's fault 138
-/// ("force enable") is on; that is what CRIU's own CI does with its mock cuda-checkpoint.
-const FORCE: (&str, &str) = ("CRIU_FAULT", "138");
+/// ("force enable") is on; that is what CRIU's own CI does with its mock cuda-checkpoint. A GPU
+/// machine has the directory: the fault is for the simulation only.
+fn upstream_env<'a>(host: &Host, path: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![("PATH", path)];
+    if host.is_sim() {
+        env.push(("CRIU_FAULT", "138"));
+    }
+    env
+}
 
 #[test]
 fn criu_cuda_plugin_uses_cuda_checkpoint_ctl_as_cuda_checkpoint() {
-    let mut sim = Sim::start();
-    let c = Criu::upstream_cuda(&sim);
-    let path = drop_in(&sim);
-    let env = [("PATH", path.as_str()), FORCE];
-    let app = sim.app("app", &["--mib", "16"]);
-    let images = sim.dir.join("img");
+    let mut host = Host::start();
+    let c = Criu::upstream_cuda(&host);
+    let path = drop_in(&host);
+    let env = upstream_env(&host, &path);
+    let app = host.app("app", &Work::mib(16));
+    let images = host.path("img");
     assert_ok(
-        &c.dump(&sim, app.pid, &images, &[], &env),
+        &c.dump(&host, app.pid, &images, &[], &env),
         &images,
         "dump.log",
     );
@@ -43,33 +51,31 @@ fn criu_cuda_plugin_uses_cuda_checkpoint_ctl_as_cuda_checkpoint() {
         criu::tail(&log, 30)
     );
     wait_gone(app.pid);
-    assert_ok(&c.restore(&sim, &images, &[], &env), &images, "restore.log");
-    sim.adopt(app.pid);
-    assert!(app.advances(3), "{}", app.tail());
-    app.assert_healthy();
-    assert_eq!(sim.state(app.pid), "running");
+    assert_ok(
+        &c.restore(&host, &images, &[], &env),
+        &images,
+        "restore.log",
+    );
+    host.own(app.pid);
+    host.runs_with_its_data(&app);
 }
 
 #[test]
 fn images_of_criu_cuda_plugin_restore_with_this_plugin() {
-    let mut sim = Sim::start();
-    let upstream = Criu::upstream_cuda(&sim);
-    let ours = Criu::new(&sim);
-    let path = drop_in(&sim);
-    let app = sim.app("app", &["--mib", "16"]);
-    let images = sim.dir.join("img");
-    let out = upstream.dump(
-        &sim,
-        app.pid,
-        &images,
-        &[],
-        &[("PATH", path.as_str()), FORCE],
-    );
+    let mut host = Host::start();
+    let upstream = Criu::upstream_cuda(&host);
+    let ours = Criu::new(&host);
+    let path = drop_in(&host);
+    let app = host.app("app", &Work::mib(16));
+    let images = host.path("img");
+    let env = upstream_env(&host, &path);
+    let out = upstream.dump(&host, app.pid, &images, &[], &env);
     assert_ok(&out, &images, "dump.log");
     assert!(
         !images.join("gpu-cuda.json").exists(),
         "an image of the C plugin"
     );
+    let program = std::fs::read_to_string(format!("/proc/{}/comm", app.pid)).unwrap_or_default();
     // What it holds, and whether this node restores it, before the restore.
     for (args, want) in [
         (
@@ -81,7 +87,7 @@ fn images_of_criu_cuda_plugin_restore_with_this_plugin() {
         let out = std::process::Command::new(artifact("criu-gpu"))
             .args(&args)
             .arg(&images)
-            .envs(sim.env())
+            .envs(host.env())
             .env("CRIU_GPU_CONFIG", "/nonexistent")
             .output()
             .unwrap();
@@ -90,23 +96,22 @@ fn images_of_criu_cuda_plugin_restore_with_this_plugin() {
         assert!(
             text.contains(want)
                 && text.contains(&app.pid.to_string())
-                && text.contains("cuda-sim-app"),
+                && text.contains(program.trim()),
             "{args:?}: {text}"
         );
     }
     wait_gone(app.pid);
     assert_ok(
-        &ours.restore(&sim, &images, &[], &[]),
+        &ours.restore(&host, &images, &[], &[]),
         &images,
         "restore.log",
     );
-    sim.adopt(app.pid);
+    host.own(app.pid);
     let log = criu::log(&images, "restore.log");
     assert!(
         log.contains("criu_gpu: restored CUDA state of 1 of 1"),
         "{}",
         criu::tail(&log, 30)
     );
-    assert!(app.advances(3), "{}", app.tail());
-    app.assert_healthy();
+    host.runs_with_its_data(&app);
 }
