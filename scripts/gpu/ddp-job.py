@@ -11,6 +11,11 @@ the training, hence after any restore; with --times, OUT/rank<R>.times holds "N 
 (the host's view: a gap is the time the job was stopped). Two runs with the same arguments write
 the same log lines; a run that was dumped and restored must too.
 
+--ok-log LOG: each rank also appends, per step, "step=N pid=P loss=<hex> ok" to LOG.rank<R>
+(or "MISMATCH step=N pid=P allreduce BAD", then exits 3), opening the file for each line: the
+protocol of the simulated GPU's job (cuda-sim-app --ranks), which the Rust scenarios read
+(tests/tests/scenarios/job.rs).
+
 --sleep 0 trains flat out: the host only waits for the GPU at log lines, as real jobs do.
 --model mlp is a small MLP (the earlier runs); wide is an 8-layer 2048-wide MLP on batches of
 512, a few ms of GPU work per step. --device cpu (gloo) runs it without a GPU, for trying the
@@ -46,6 +51,7 @@ def args():
     p.add_argument("--times", action="store_true")
     p.add_argument("--gpus", type=int, default=0, help="ranks share this many GPUs (rank %% gpus)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--ok-log", help="also log each step in the simulated job's protocol")
     return p.parse_args()
 
 
@@ -124,6 +130,8 @@ def train(rank, world, a):
         ok &= (check == want).all()
         if times is not None:
             times.write(f"{step} {time.monotonic():.6f}\n")
+        if a.ok_log:
+            ok_line(a.ok_log, rank, step, loss, ok)
         if (step + 1) % a.log_every == 0 or step + 1 == a.steps:
             log.write(f"step {step} loss {loss.item().hex()} allreduce {'ok' if bool(ok) else 'BAD'}\n")
             ok = torch.ones((), dtype=torch.bool, device=dev)
@@ -143,6 +151,17 @@ def train(rank, world, a):
         times.close()
     log.write("done\n")
     dist.destroy_process_group()
+
+
+def ok_line(path, rank, step, loss, ok):
+    """One line per step in cuda-sim-app's job protocol; a wrong all_reduce ends the rank."""
+    with open(f"{path}.rank{rank}", "a") as f:
+        if bool(ok):
+            f.write(f"step={step + 1} pid={os.getpid()} loss={loss.item().hex()} ok\n")
+        else:
+            f.write(f"MISMATCH step={step + 1} pid={os.getpid()} allreduce BAD\n")
+            f.close()
+            os._exit(3)
 
 
 def store_check(rank, world):

@@ -99,7 +99,13 @@ pub fn start_job_with(
 
 impl Job {
     /// `criu-gpu dump ROOT IMAGES` with `env` added.
-    pub fn dump(&self, sim: &Sim, c: &Criu, images: &Path, env: &[(&str, &str)]) -> Output {
+    pub fn dump(
+        &self,
+        sim: &impl Machine,
+        c: &Criu,
+        images: &Path,
+        env: &[(&str, &str)],
+    ) -> Output {
         let root = self.root.to_string();
         criu_gpu(sim, c, &["dump", &root, images.to_str().unwrap()], env)
     }
@@ -120,13 +126,13 @@ impl Job {
 }
 
 /// `criu-gpu ARGS -- --lib PLUGINS` with the machine's environment.
-pub fn criu_gpu(sim: &Sim, c: &Criu, args: &[&str], env: &[(&str, &str)]) -> Output {
+pub fn criu_gpu(sim: &impl Machine, c: &Criu, args: &[&str], env: &[(&str, &str)]) -> Output {
     criu_gpu_with(sim, c, args, &[], env)
 }
 
 /// `criu-gpu ARGS -- --lib PLUGINS CRIU_ARGS`: more options for criu itself.
 pub fn criu_gpu_with(
-    sim: &Sim,
+    sim: &impl Machine,
     c: &Criu,
     args: &[&str],
     criu_args: &[&str],

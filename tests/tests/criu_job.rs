@@ -98,24 +98,6 @@ fn an_io_uring_in_the_job_is_refused_before_anything_is_frozen_with_stock_criu()
     job.advances(3);
 }
 
-#[test]
-fn ranks_whose_nccl_transports_cannot_be_restored_are_refused_before_anything_is_frozen() {
-    let mut sim = Sim::start();
-    let c = Criu::new(&sim);
-    let lib = fake_nccl(&sim.dir);
-    let preload = lib.display().to_string();
-    let job = start_job(&mut sim, None, 2, &[("LD_PRELOAD", &preload)]);
-    let images = dir_of(&sim, "img");
-    let out = job.dump(&sim, &c, &images, &[]);
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{t}");
-    assert!(
-        t.contains("P2P, SHM and cuMem") && t.contains("NCCL_P2P_DISABLE=1"),
-        "{t}"
-    );
-    job.advances(3);
-}
-
 /// One rank under a launcher that maps the driver (and NCCL) without a context talks to no other
 /// rank: NCCL's defaults are no reason to refuse it, to criu-gpu as to the plugin.
 #[test]

@@ -6,12 +6,13 @@
 //!
 //! Modules by what they drive: `ctl` (cuda-checkpoint-ctl alone), `criu` (dumps and restores),
 //! `failures` (CRIU stopped in every way a runtime or an operator stops it), `interop` (CRIU's
-//! own C CUDA plugin).
+//! own C CUDA plugin), `job` (distributed jobs with criu-gpu).
 
 mod criu;
 mod ctl;
 mod failures;
 mod interop;
+mod job;
 
 use std::path::Path;
 
