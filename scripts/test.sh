@@ -58,6 +58,11 @@ step "build (the tests run the built binaries and libraries)"
 cargo build --locked --workspace "${sim[@]}"
 step "tests"
 cargo test --locked --workspace "${sim[@]}"
+step "the GPU machine's path: the shared scenarios from the carried test binary (--sim)"
+# What scripts/gpu/scenarios.sh runs on a GPU, here against the simulation: the binaries packed
+# into .carry as for the GPU machine, the scenarios run from there, not from cargo.
+bash scripts/gpu/pack-carry.sh
+OUT=$root/target/gpu-scenarios-sim bash scripts/gpu/scenarios.sh --sim
 step "the installed plugin holds no simulation"
 cargo build --locked --release -p criu-gpu-plugin
 if grep -q AMD_KFD_SIM_ROOT target/release/libcriu_gpu_plugin.so; then

@@ -76,6 +76,7 @@ WORK=${WORK:-/tmp/bench-criu}
 SIM=${SIM:-/usr/local/lib/criu-gpu/sim}
 # shellcheck source=scripts/gpu/lib.sh
 . "$here/lib.sh"
+stamp "$PLUGINS/criu_gpu_plugin.so"
 
 die() { echo "bench-criu.sh: $*" >&2; exit 1; }
 for f in "$CRIU" "$CRIU_STOCK" "$CTL" "$CRIU_GPU"; do [ -x "$f" ] || die "$f not found (see the environment above)"; done

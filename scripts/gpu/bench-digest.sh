@@ -6,6 +6,10 @@
 #
 # DIGEST: the digest example (cargo build --release -p criu-gpu-image --example digest).
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/gpu/lib.sh
+. "$here/lib.sh"
+stamp "$here/../../.carry/plugins/criu_gpu_plugin.so"
 GIB=${1:-8}
 DIR=${2:-/dev/shm/bench-digest}
 DIGEST=${DIGEST:-target/release/examples/digest}

@@ -18,6 +18,9 @@ PLAIN=${1:-100}
 IMAGES=${IMAGES:-/dev/shm/bench-plain}
 WORK=$(mktemp -d /tmp/bench-plain.XXXXXX)
 SIM=/usr/local/lib/criu-gpu/sim
+# shellcheck source=scripts/gpu/lib.sh
+. "$here/lib.sh"
+stamp "$PLUGINS/criu_gpu_plugin.so"
 pids=()
 cleanup() {
 	for p in "${pids[@]}"; do pkill -9 -s "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done

@@ -15,6 +15,7 @@ N=${2:-4}
 EACH=${3:-4}
 # shellcheck source=scripts/gpu/lib.sh
 . "$here/lib.sh"
+stamp "$here/../../.carry/plugins/criu_gpu_plugin.so"
 trap cleanup_apps EXIT
 [ -x "$CTL" ] || { echo "cuda-checkpoint-ctl not found: set CTL"; exit 1; }
 mkdir -p "$WORK"

@@ -54,8 +54,9 @@ SHM=(NCCL_P2P_DISABLE=1 NCCL_CUMEM_ENABLE=0)
 SOCKETS=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0)
 mkdir -p "$OUT" "$W"
 LOG_FILE=$OUT/flat-out.log
-# shellcheck source=scripts/gpu/job-lib.sh
-. "$here/job-lib.sh"
+# shellcheck source=scripts/gpu/lib.sh
+. "$here/lib.sh"
+stamp "$PLUG/criu_gpu_plugin.so"
 # last_step DIR: the last step both ranks logged (-1: none)
 last_step() {
 	local a b

@@ -34,8 +34,9 @@ export PYTHONUNBUFFERED=1
 SOCKETS=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0)
 rm -rf "$W" "$RES" && mkdir -p "$OUT" "$W" "$RES"
 LOG_FILE=$OUT/dist-test.log
-# shellcheck source=scripts/gpu/job-lib.sh
-. "$here/job-lib.sh"
+# shellcheck source=scripts/gpu/lib.sh
+. "$here/lib.sh"
+stamp "$PLUG/criu_gpu_plugin.so"
 
 # wait_step DIR N SECONDS: both ranks logged step N (or done)
 wait_step() {

@@ -1,22 +1,44 @@
 # shellcheck shell=bash disable=SC2034 # sourced: LAST_PID, kids and parent are read by the scripts that source it
-# Shared helpers of the GPU-machine scripts (sourced, not run).
-# Expects: CTL (cuda-checkpoint-ctl), WORK (scratch directory).
+# The one helper library of the GPU-machine scripts (sourced, not run): the stamp every run
+# prints first, PASS/FAIL counting, waits, the applications the measurements start, and the
+# distributed jobs' process trees.
+# Expects: WORK (scratch directory) for the applications; LOG_FILE (optional), a file every
+# line also goes to.
 
 PASS=0
 FAIL=0
 APPS=()
 
-say() { printf '%s\n' "$*"; }
-pass() { PASS=$((PASS + 1)); say "PASS $*"; }
-fail() { FAIL=$((FAIL + 1)); say "FAIL $*"; }
+say() { if [ -n "${LOG_FILE:-}" ]; then printf '%s\n' "$*" | tee -a "$LOG_FILE"; else printf '%s\n' "$*"; fi; }
+log() { say "$(printf '[%(%T)T] ' -1)$*"; }
+pass() { PASS=$((PASS + 1)); log "PASS $*"; }
+fail() { FAIL=$((FAIL + 1)); log "FAIL $*"; }
 check() { # check DESCRIPTION COMMAND...: PASS if the command succeeds
 	local what=$1
 	shift
 	if "$@"; then pass "$what"; else fail "$what"; fi
 }
 
+# stamp PLUGIN: what every GPU run prints first: the commit of the tree (git describe --dirty;
+# .carry/describe where the tree travelled without .git) and the build-id of the plugin it runs,
+# so that each log names the code it ran (docs/gpu-runs/README.md).
+stamp() {
+	local top plugin=$1 describe id
+	top=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+	describe=$(git -C "$top" describe --always --dirty 2>/dev/null) ||
+		describe="$(cat "$top/.carry/describe" 2>/dev/null || echo unknown) (from .carry/describe)"
+	if command -v readelf >/dev/null && [ -f "$plugin" ]; then
+		id=$(readelf -n "$plugin" | awk '/Build ID/ { print $3 }')
+	else
+		id="$(cat "$top/.carry/plugin-build-id" 2>/dev/null || echo unknown) (from .carry/plugin-build-id)"
+	fi
+	say "commit: $describe"
+	say "plugin build-id: ${id:-none} ($plugin)"
+}
+
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+since() { elapsed "$1"; }
 
 # wait_for FILE REGEX SECONDS: waits until a line of FILE matches.
 wait_for() {
@@ -98,6 +120,13 @@ d = json.load(open(sys.argv[1]))
 v = [p["timings"].get(sys.argv[2]) for p in d["processes"]]
 print("%.1f" % max([x for x in v if x is not None] or [0]))' "$1" "$2"
 }
+
+# tree_of PID: its descendants, parents first
+tree_of() { local p; for p in $(pgrep -P "$1"); do echo "$p"; tree_of "$p"; done; }
+# shellcheck disable=SC2086 # a list of pids
+kill_job() { local all; all="$1 $(tree_of "$1")"; kill -9 $all 2>/dev/null; wait "$1" 2>/dev/null; }
+# wait_gone PIDS...: until no process of the list exists (CRIU restores pids), at most 30 s
+wait_gone() { local p; for _ in $(seq 300); do for p in "$@"; do [ -d "/proc/$p" ] && { sleep 0.1; continue 2; }; done; return 0; done; return 1; }
 
 summary() {
 	say "----"

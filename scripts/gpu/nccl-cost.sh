@@ -17,8 +17,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1 USE_LIBUV=0
 mkdir -p "$OUT" "$W"
 LOG_FILE=$OUT/nccl-cost.log
-# shellcheck source=scripts/gpu/job-lib.sh
-. "$here/job-lib.sh"
+# shellcheck source=scripts/gpu/lib.sh
+. "$here/lib.sh"
+stamp "$here/../../.carry/plugins/criu_gpu_plugin.so"
 
 # NAME ENV... (restorable per F13/F16, or a candidate to try)
 SETTINGS=(

@@ -5,7 +5,11 @@
 #   lib/     the shared libraries CRIU needs that Ubuntu 24.04 lacks
 #   plugins/ criu_gpu_plugin.so
 #   upstream-plugins/ CRIU's own cuda_plugin.so (scripts/install-criu.sh builds it)
-#   describe `git describe --dirty` of the tree packed (runners print it first)
+#   tests/   the shared scenarios' test binary (tests/tests/scenarios, built by `cargo test --no-run`
+#            as scripts/test.sh builds it) and the harness's ptrace-hold: scripts/gpu/scenarios.sh
+#   sim/     the simulated GPU (cuda-sim-gpud, cuda-sim-app, its libcuda.so), only for
+#            `scenarios.sh --sim`, which proves the carried path on a machine without a GPU
+#   describe `git describe --dirty` of the tree packed, and plugin-build-id (runners print both first)
 #   bin/lz4  when lz4 is installed here (scripts/experiments/compress-pages.sh; Debian's is static but
 #            for libc)
 #   bin/etcd Debian's etcd-server (Go, links only libc) and bin/netbed (the test bed's nodes as
@@ -65,7 +69,21 @@ done
 cargo build --release -p cuda-checkpoint-ctl -p criu-gpu-plugin -p criu-gpu
 cargo build --release -p criu-gpu-image --example digest
 cargo build --release -p gpu-ckpt-tests --bin netbed
-rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/plugins" "$out/upstream-plugins"
+# The scenarios' test binary and the simulation, in the test build's profile (debug: the harness
+# needs no speed; the products above are the release ones).
+sim=(--workspace --features criu-gpu-plugin/simulation)
+cargo build "${sim[@]}"
+scenarios=$(cargo test "${sim[@]}" --test scenarios --no-run --message-format=json |
+	python3 -c 'import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "scenarios" and m.get("executable"):
+        print(m["executable"])')
+[ -x "$scenarios" ] || { echo "pack-carry.sh: no scenarios test binary from cargo" >&2; exit 1; }
+rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/plugins" "$out/upstream-plugins" "$out/tests" "$out/sim"
+strip -o "$out/tests/scenarios" "$scenarios"
+strip -o "$out/tests/ptrace-hold" target/debug/ptrace-hold
+for f in cuda-sim-gpud cuda-sim-app libcuda.so; do strip -o "$out/sim/$f" "target/debug/$f"; done
 cp "$PREFIX/lib/criu-gpu/upstream-cuda/cuda_plugin.so" "$out/upstream-plugins/"
 cp target/release/cuda-checkpoint-ctl target/release/criu-gpu target/release/examples/digest target/release/netbed "$out/bin/"
 cp /usr/bin/etcd "$out/bin/"
@@ -90,5 +108,6 @@ WRAP
 done
 # What the GPU machine's runners print first (the working tree travels without .git).
 git describe --always --dirty >"$out/describe" 2>/dev/null || echo unknown >"$out/describe"
+readelf -n "$out/plugins/criu_gpu_plugin.so" | awk '/Build ID/ { print $3 }' >"$out/plugin-build-id"
 du -sh "$out"
 echo "compressed: $(tar -C "$root" -czf - .carry | wc -c | awk '{ printf "%.1f MiB", $1 / 1048576 }')"

@@ -58,9 +58,6 @@ record() { # KEY VALUE: long decimals cut to three places
 val() { awk -F'\t' -v k="$1" '$1 == k { v = $2 } END { print v }' "$RES"; }
 
 # What ran: the source and the plugin.
-if ! describe=$(cd "$root" && git describe --always --dirty 2>/dev/null); then
-	describe=$(cat "$root/.carry/describe" 2>/dev/null)
-fi
 if [ $sim = 1 ]; then
 	CRIU_GPU=${CRIU_GPU:-$root/target/debug/criu-gpu}
 	plugin_so=$root/target/debug/libcriu_gpu_plugin.so
@@ -72,9 +69,7 @@ else
 	W=/dev/shm/store-bench
 fi
 [ -n "${PLUGINS:-}" ] && plugin_so=$PLUGINS/criu_gpu_plugin.so
-build_id=$(readelf -n "$plugin_so" 2>/dev/null | awk '/Build ID/ { print "build-id " $3 }')
-say "git describe --dirty: ${describe:-unknown}"
-say "plugin: $plugin_so ${build_id:-sha256 $(sha256sum "$plugin_so" 2>/dev/null | cut -c1-16) (no readelf)}"
+stamp "$plugin_so"
 say "machine: $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 2^20 }' /proc/meminfo), disk $DISK: $(df -h --output=avail "$DISK" | tail -1 | tr -d ' ') free"
 [ "$(id -u)" = 0 ] || die "run as root (CRIU dumps and restores the applications)"
 [ -x "$CRIU_GPU" ] || die "$CRIU_GPU not found (cargo build, or scripts/gpu/pack-carry.sh; or set CRIU_GPU)"

@@ -9,7 +9,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 N=$1 MIB=$2 ROUNDS=$3
 shift 3
 IMG=/dev/shm/tree-dump T=/tmp/tree-dump
-since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+# shellcheck source=scripts/gpu/lib.sh
+. "$here/lib.sh"
+stamp "$here/../../.carry/plugins/criu_gpu_plugin.so"
 
 one() { # one CRIU
 	local c=$1 root pids t0 rc p

@@ -78,6 +78,10 @@ mkdir -p "$OUT"
 exec 9>"$W.lock"
 flock -n 9 || { echo "run.sh: another run uses $W" >&2; exit 1; }
 : >"$LOG"
+# The commit and the plugin's build-id first (the helpers' own output functions follow).
+# shellcheck source=scripts/gpu/lib.sh
+. "$here/../lib.sh"
+LOG_FILE=$LOG stamp "$root/.carry/plugins/criu_gpu_plugin.so"
 T0=$(date +%s.%N)
 PASS=0 FAIL=0 SKIPPED=0
 ROWS=()
