@@ -44,6 +44,7 @@ if [ $machine = sim ]; then
 	gpus=2
 	say "machine: the simulated GPU (carried cuda-sim-gpud)" | tee "$OUT/machine.txt"
 else
+	command -v nvidia-smi >/dev/null || { say "scenarios.sh: no nvidia-smi: this machine has no NVIDIA driver (--sim runs the simulation)"; exit 2; }
 	nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv | tee "$OUT/machine.txt"
 	gpus=$(nvidia-smi -L | grep -c '^GPU')
 	command -v nvcc >/dev/null || { say "scenarios.sh: nvcc not found: the NVIDIA machine builds ct-app.cu with it"; exit 2; }
