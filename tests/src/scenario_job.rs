@@ -22,10 +22,13 @@ pub enum Transports {
 }
 
 impl Host {
-    /// Ranks a job has here: two, or one on a machine with one GPU (NCCL takes one rank per
-    /// GPU).
+    /// Ranks a job has here: two, or one on a GPU machine with one GPU (NCCL takes one rank
+    /// per GPU; the simulated job's ranks share its GPUs).
     pub fn job_ranks(&self) -> usize {
-        self.gpu_uuids().len().min(2)
+        match self {
+            Host::Sim(_) => 2,
+            Host::Nvidia(_) => self.gpu_uuids().len().min(2),
+        }
     }
 
     /// Starts a job of `ranks` ranks and waits for two steps of each.
