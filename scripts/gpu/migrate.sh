@@ -36,8 +36,8 @@ ROUNDS=${ROUNDS:-2}
 W=/dev/shm/migrate
 rm -rf "$W" && mkdir -p "$OUT" "$W"
 LOG_FILE=$OUT/migrate.log
-# shellcheck source=scripts/gpu/job-lib.sh
-. "$here/job-lib.sh"
+# shellcheck source=scripts/gpu/lib.sh
+. "$here/lib.sh"
 if [ $sim = 1 ]; then
 	GIB=${GIB:-0.125} STEPS=${STEPS:-60} BALLAST=${BALLAST:-0}
 	BIN=$root/target/debug CRIU=${CRIU:-/usr/local/sbin/criu} DEVICE=cpu
@@ -84,9 +84,8 @@ else
 	gpus=$(nvidia-smi -L 2>&1 | tr '\n' ' ')
 fi
 [ "${#UUID[@]}" -ge 2 ] || { log "FAIL two GPUs needed, found: ${UUID[*]}"; exit 1; }
-describe=$(cat "$root/.carry/describe" 2>/dev/null || git -C "$root" describe --always --dirty 2>/dev/null)
-plugin_id() { python3 -c 'import sys; d = open(sys.argv[1], "rb").read(); n = b"\4\0\0\0\x14\0\0\0\3\0\0\0GNU\0"; i = d.find(n); print(d[i + 16:i + 36].hex() if i >= 0 else "none")' "$1"; }
-log "migrate.sh $describe; plugin build-id $(plugin_id "$PLUG/criu_gpu_plugin.so"); $gpus"
+stamp "$PLUG/criu_gpu_plugin.so"
+log "migrate.sh: $gpus"
 
 cleanup() {
 	local p
@@ -111,7 +110,6 @@ criu_at() {
 	off=$(grep -m1 -F "$3" "$2" | sed -nE 's/^\(([ 0-9.]+)\).*/\1/p' | tr -d ' ')
 	[ -n "$t0" ] && [ -n "$off" ] && awk -v a="$t0" -v b="$off" 'BEGIN { printf "%.3f", a + b }'
 }
-check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
 sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
 
 # The test process -------------------------------------------------------------------------

@@ -54,8 +54,8 @@ GAP=${GAP:-20} LATE=${LATE:-8}
 W=/dev/shm/multinode
 mkdir -p "$OUT" "$W"
 LOG_FILE=$OUT/multinode.log
-# shellcheck source=scripts/gpu/job-lib.sh
-. "$here/job-lib.sh"
+# shellcheck source=scripts/gpu/lib.sh
+. "$here/lib.sh"
 if [ $sim = 1 ]; then
 	CYCLES=${CYCLES:-3} CYCLES_ONE=${CYCLES_ONE:-2} STEPS=${STEPS:-400} BALLAST=${BALLAST:-0} BUDGET=${BUDGET:-3000}
 	BIN=$root/target/debug
@@ -104,10 +104,9 @@ if [ $sim = 1 ]; then
 else
 	cp "$root/.carry/plugins/criu_gpu_plugin.so" "$PLUG/"
 fi
-# plugin_id SO: its GNU build-id (the ELF note: namesz 4, descsz 20, type 3, "GNU")
-plugin_id() { python3 -c 'import sys; d = open(sys.argv[1], "rb").read(); n = b"\4\0\0\0\x14\0\0\0\3\0\0\0GNU\0"; i = d.find(n); print(d[i + 16:i + 36].hex() if i >= 0 else "none")' "$1"; }
 gpus="simulated GPU (2), CPU torch" && [ $sim = 0 ] && gpus=$(nvidia-smi -L 2>&1 | tr '\n' ' ')
-log "multinode.sh $(git -C "$root" describe --always --dirty 2>/dev/null); plugin build-id $(plugin_id "$PLUG/criu_gpu_plugin.so"); $gpus"
+stamp "$PLUG/criu_gpu_plugin.so"
+log "multinode.sh: $gpus"
 log "$("$PYTHON" -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else "-")' 2>&1 | tail -1)"
 
 etcd_pid=

@@ -342,6 +342,10 @@ impl Scene {
         let mut args: Vec<String> = ["restore", "--nnodes", "2"].map(str::to_owned).to_vec();
         args.extend(self.rdzv_args());
         args.extend(more.iter().map(|s| s.to_string()));
+        args.extend([
+            "--work-dir".into(),
+            work_dir(&self.dirs[r]).display().to_string(),
+        ]);
         args.push(self.dirs[r].display().to_string());
         let child = criu_gpu_on(&self.sim, &self.bed, &self.c, node, &args, criu, &[]);
         (node.clone(), child)
@@ -390,4 +394,10 @@ pub fn all_ok(running: Vec<(String, Child)>) -> Vec<String> {
             t
         })
         .collect()
+}
+
+/// Where the tests' `criu-gpu restore` of the part in `images` writes (its `--work-dir`: CRIU's
+/// restore.log and pid file), beside the images, which a restore leaves as they were.
+pub fn work_dir(images: &std::path::Path) -> std::path::PathBuf {
+    images.with_extension("work")
 }

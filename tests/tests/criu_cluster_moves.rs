@@ -93,6 +93,10 @@ impl Dumped {
                     .map(str::to_owned)
                     .into();
                 args.extend(more[r].iter().map(|a| a.to_string()));
+                args.extend([
+                    "--work-dir".into(),
+                    work_dir(&self.dirs[r]).display().to_string(),
+                ]);
                 args.push(self.dirs[r].display().to_string());
                 let child = criu_gpu_on(&self.sim, &self.bed, criu, on[r], &args, &[], &[]);
                 (on[r].to_owned(), child)
@@ -109,7 +113,7 @@ impl Dumped {
     }
 
     fn log(&self, r: usize) -> String {
-        std::fs::read_to_string(self.dirs[r].join("restore.log")).unwrap_or_default()
+        std::fs::read_to_string(work_dir(&self.dirs[r]).join("restore.log")).unwrap_or_default()
     }
 }
 
@@ -225,7 +229,7 @@ fn a_criu_that_cannot_move_connections_is_refused_on_every_node_first() {
             "node {r}: {t}"
         );
         assert!(
-            !d.dirs[r].join("restore.log").exists(),
+            !work_dir(&d.dirs[r]).join("restore.log").exists(),
             "node {r}: criu ran"
         );
     }

@@ -60,7 +60,7 @@ fn a_node_whose_restore_starts_late_is_waited_for() {
     let first = s.restore_on(0, &[], &[]);
     std::thread::sleep(std::time::Duration::from_secs(8));
     assert!(
-        !s.dirs[0].join("restore.log").exists(),
+        !work_dir(&s.dirs[0]).join("restore.log").exists(),
         "node 0 ran CRIU before node 1 came"
     );
     let late = s.restore_on(1, &[], &[]);

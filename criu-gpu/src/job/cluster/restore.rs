@@ -140,7 +140,8 @@ fn restore_in(
     if !map.is_empty() {
         env.push(job::address_map_env(&map));
     }
-    let mut args = job::restore_args(rec, r);
+    let work = job::work_dir(how, r)?;
+    let mut args = job::restore_args(rec, r, &work);
     // A torchrun job stays stopped until its rendezvous heartbeats are fresh (liveness.rs).
     if !part.agents.is_empty() {
         args.push("--leave-stopped".into());
@@ -166,7 +167,7 @@ fn restore_in(
         criu_gpu_image::cluster::SETTING.to_owned(),
         server.path.display().to_string(),
     ));
-    let ran = job::run_restore(criu, &args, &env, &command, &r.dir)?;
+    let ran = job::run_restore(criu, &args, &env, &command, &work)?;
     if !part.agents.is_empty() {
         let tree: Vec<i32> = rec.members.iter().map(|m| m.0).collect();
         liveness::resume(
@@ -179,7 +180,7 @@ fn restore_in(
         )
         .map_err(ClusterError::Part)?;
     }
-    let root = std::fs::read_to_string(r.dir.join("restore.pid"))
+    let root = std::fs::read_to_string(work.join("restore.pid"))
         .ok()
         .and_then(|t| t.trim().parse().ok());
     out::line(format!(
