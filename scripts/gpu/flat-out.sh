@@ -164,11 +164,12 @@ part_chain() {
 		# shellcheck disable=SC2086
 		wait_gone $pids || log "chain-$mode: cycle $i: the dumped processes are still there"
 		t0=$(date +%s.%N)
-		timeout 300 criu-gpu restore "$img" -- --lib "$PLUG" >"$OUT/chain-$mode.restore.out" 2>&1
+		rm -rf "$img.work"
+		timeout 300 criu-gpu restore "$img" --work-dir "$img.work" -- --lib "$PLUG" >"$OUT/chain-$mode.restore.out" 2>&1
 		rc=$? rt=$(since "$t0")
 		if [ $rc != 0 ]; then
 			fail "chain-$mode: cycle $i: restore rc=$rc: $(grep -E 'Error|problem' "$OUT/chain-$mode.restore.out" | head -3 | tr '\n' ' ')"
-			gzip -c "$img/restore.log" >"$OUT/chain-$mode.failed-restore.log.gz" 2>/dev/null
+			gzip -c "$img.work/restore.log" >"$OUT/chain-$mode.failed-restore.log.gz" 2>/dev/null
 			break
 		fi
 		printf '%-5s %-6s %-8s %-9s %-9s %s\n' "$i" "$at" "$dt" "$rt" \
