@@ -32,6 +32,7 @@ stamp() {
 	else
 		id="$(cat "$top/.carry/plugin-build-id" 2>/dev/null || echo unknown) (from .carry/plugin-build-id)"
 	fi
+	[ -f "$top/.carry/describe" ] && describe="$describe; .carry packed from $(cat "$top/.carry/describe")"
 	say "commit: $describe"
 	say "plugin build-id: ${id:-none} ($plugin)"
 }

@@ -160,13 +160,7 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
     if r.dry_run {
         return Ok(would_run(command, plan));
     }
-    std::fs::create_dir_all(&r.dir).map_err(|source| JobError::Io {
-        what: "creating the image directory".into(),
-        source,
-    })?;
-    // Before CRIU runs: a CRIU killed once it has begun to end the dumped tree leaves complete
-    // images, which restore with it (a failed dump's images are refused by CRIU's own checks).
-    record_job(pid, &facts, &plan, &r.dir)?;
+    record_before_criu(pid, &facts, &plan, &r.dir)?;
     let ran = run_dump(&criu, &args, &[], &command, &r.dir)?;
     if !leave_running && plan.dump_args().iter().any(|a| a == "--network-lock") {
         release_network_lock(&r.dir);
@@ -296,6 +290,17 @@ fn run_dump(
 }
 
 /// The record a restore reads: the job's processes, listeners and the options to restore with.
+/// Makes the image directory and records the job in it, before CRIU runs: a CRIU killed once
+/// it has begun to end the dumped tree leaves complete images, which restore with this record
+/// (a failed dump's images are refused by CRIU's own checks).
+fn record_before_criu(pid: i32, facts: &JobFacts, plan: &Plan, dir: &Path) -> Result<(), JobError> {
+    std::fs::create_dir_all(dir).map_err(|source| JobError::Io {
+        what: "creating the image directory".into(),
+        source,
+    })?;
+    record_job(pid, facts, plan, dir)
+}
+
 fn record_job(pid: i32, facts: &JobFacts, plan: &Plan, dir: &Path) -> Result<(), JobError> {
     JobRecord {
         root: pid,

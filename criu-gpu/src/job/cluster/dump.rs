@@ -149,8 +149,8 @@ fn dump_in(
         criu_gpu_image::cluster::SETTING.to_owned(),
         server.path.display().to_string(),
     )];
+    job::record_before_criu(pid, facts, plan, &r.dir)?;
     let ran = job::run_dump(&criu, &args, &env, &command, &r.dir)?;
-    job::record_job(pid, facts, plan, &r.dir)?;
     Part {
         job: op.job.clone(),
         generation: op.gen,

@@ -58,11 +58,7 @@ pub fn send(pid: i32, to: &str, r: &Request, limit: Duration) -> Result<Moved, J
     let pages = net::connect(addr, Duration::from_secs(10))
         .and_then(|s| say_hello(&s, Role::Pages, &id).map(|()| s))
         .map_err(|e| MigrateError::Connect(to.to_owned(), e))?;
-    std::fs::create_dir_all(&r.dir).map_err(|source| JobError::Io {
-        what: "creating the image directory".into(),
-        source,
-    })?;
-    job::record_job(pid, &facts, &plan, &r.dir)?;
+    job::record_before_criu(pid, &facts, &plan, &r.dir)?;
     let mut moved = Moved {
         to: format!("{} ({to})", verdict.host),
         ..Moved::default()
