@@ -116,8 +116,11 @@ sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
 # start_proc NAME: the test process on node A's GPU 0, the first process of a pid namespace of
 # its own; sets APP (its pid here) and STATUS (its log)
 start_proc() {
-	local holder
-	STATUS=$W/$1.status
+	local holder t0
+	# In $OUT: what the process said comes back with the results, also when it never started.
+	STATUS=$OUT/$1.status
+	t0=$(now)
+	log "$1: starting the process ($GIB GiB on node A's GPU 0)"
 	: >"$STATUS"
 	if [ $sim = 1 ]; then
 		"$NETBED" exec "$BED" n0 -- unshare --pid --fork setsid env LD_LIBRARY_PATH="$W/sim" "$BIN/cuda-sim-app" --device 0 \
@@ -132,7 +135,7 @@ start_proc() {
 		wait_line "$STATUS" '^ready' 300 || return 1
 	fi
 	APP=$(pgrep -P "$holder")
-	[ -n "$APP" ]
+	[ -n "$APP" ] && log "$1: pid $APP ready in $(since "$t0") s"
 }
 wait_line() { local t=0; until grep -qE "$2" "$1" 2>/dev/null; do t=$((t + 1)); [ $t -ge $(($3 * 10)) ] && return 1; sleep 0.1; done; }
 # verify PID: the process checks every word of its data (sim: three more verified steps)
@@ -162,11 +165,15 @@ landed_ok() { verify "$1" && on_gpu1 "$1"; }
 # the sender)
 listening() { on n1 cat /proc/net/tcp | awk -v p="$(printf ':%04X' $PORT)" '$2 ~ p"$" && $4 == "0A" { f = 1 } END { exit !f }'; }
 wait_listening() { for _ in $(seq 200); do listening && return 0; sleep 0.1; done; return 1; }
-# log_of OUT NAME: CRIU's log NAME for the CRIU criu-gpu ran (its -W directory, else its -D)
+# log_of OUT NAME: CRIU's log NAME for the CRIU criu-gpu ran (its work directory, else its -D)
 log_of() {
 	local cmd
 	cmd=$(grep -m1 ' running: ' "$1")
-	if [[ $cmd =~ \ -W\ ([^ ]+) ]] || [[ $cmd =~ \ -D\ ([^ ]+) ]]; then echo "${BASH_REMATCH[1]}/$2"; fi
+	if [[ $cmd =~ \ (-W|--work-dir)\ ([^ ]+) ]]; then
+		echo "${BASH_REMATCH[2]}/$2"
+	elif [[ $cmd =~ \ -D\ ([^ ]+) ]]; then
+		echo "${BASH_REMATCH[1]}/$2"
+	fi
 }
 DOWN_LIVE=() DOWN_DIR=()
 

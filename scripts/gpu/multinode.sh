@@ -40,7 +40,7 @@
 # installed CRIU and etcd, PYTHON a Python with torch (STEPS, CYCLES smaller by default);
 # MPI=carried: the MPI job with .carry/mpi's Open MPI (run it under a mount namespace that
 # hides the system's to prove the carry).
-# Environment: CYCLES (20; sim 3), CYCLES_ONE (5; sim 2), STEPS (1000; sim 400), GAP (20), LATE
+# Environment: CYCLES (20; sim 3), CYCLES_ONE (5; sim 2), STEPS (CYCLES x 55 + 300), GAP (20), LATE
 # (8), BALLAST (GiB per rank: 0.25; sim 0), BUDGET (seconds: 570; sim 3000), PYTHON (python3).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -62,11 +62,15 @@ if [ $sim = 1 ]; then
 	CRIU=${CRIU:-/usr/local/sbin/criu} ETCD=${ETCD:-/usr/bin/etcd}
 	DEVICE=cpu MODEL=mlp
 else
-	CYCLES=${CYCLES:-20} CYCLES_ONE=${CYCLES_ONE:-5} STEPS=${STEPS:-1000} BALLAST=${BALLAST:-0.25} BUDGET=${BUDGET:-570}
+	CYCLES=${CYCLES:-20} CYCLES_ONE=${CYCLES_ONE:-5} BALLAST=${BALLAST:-0.25} BUDGET=${BUDGET:-570}
 	BIN=$root/.carry/bin
 	CRIU=$BIN/criu ETCD=$BIN/etcd
 	DEVICE=cuda MODEL=wide
 fi
+# The chain's dumps come every 20-39 steps after the preflight's refusals (about 150 steps on
+# two H100s): 20 cycles reached step 959 of 1000 and the 20th found no step left. STEPS covers
+# CYCLES with room to spare.
+STEPS=${STEPS:-$((CYCLES * 55 + 300))}
 CRIU_GPU=$BIN/criu-gpu NETBED=$BIN/netbed CTL=$BIN/cuda-checkpoint-ctl
 TORCHRUN=$(dirname "$(command -v "$PYTHON")")/torchrun
 JOB=$here/ddp-job.py
@@ -324,6 +328,7 @@ part_chain() {
 	wait_step "$DIR" 20 240 && preflight_refusals chain
 	next=$(($(last_step "$DIR") + 20 + RANDOM % 20))
 	for i in $(seq 1 "$CYCLES"); do
+		[ "$next" -lt "$STEPS" ] || { fail "chain: cycle $i: step $next is past the run's $STEPS steps: raise STEPS"; ok=0; break; }
 		wait_step "$DIR" "$next" 240 || { fail "chain: cycle $i: no step $next: $(tail -2 "$DIR/stdout0" | tr '\n' ' ')"; ok=0; break; }
 		cycle chain chain "$i" || { ok=0; break; }
 		next=$(($(last_step "$DIR") + 20 + RANDOM % 20))
@@ -586,7 +591,7 @@ part_mpi() {
 	printf '#!/bin/sh\nhost=$1\nshift\nexec %s rsh "$host:7777" "$@"\n' "$NETBED" >"$agent" && chmod +x "$agent"
 	CUDA_VISIBLE_DEVICES=1 "$NETBED" rshd "$BED" n1 7777 </dev/null >"$OUT/rshd.log" 2>&1 &
 	RSHD=$!
-	CUDA_VISIBLE_DEVICES=0 "$NETBED" exec "$BED" n0 -- setsid mpirun --allow-run-as-root --mca plm_rsh_agent "$agent" --mca btl tcp,self \
+	CUDA_VISIBLE_DEVICES=0 "$NETBED" exec "$BED" n0 -- setsid mpirun --allow-run-as-root --display-allocation --display-map --mca plm_rsh_agent "$agent" --mca btl tcp,self \
 		--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 --mca shmem mmap \
 		-np 1 -H "${ADDR[0]}" "$app" "$log" 100000 20 0 : -np 1 -H "${ADDR[1]}" "$app" "$log" 100000 20 1 \
 		</dev/null >"$OUT/mpirun.log" 2>&1 &
@@ -596,7 +601,7 @@ part_mpi() {
 	for _ in $(seq 600); do [ "$(oks "$log.rank1")" -ge 20 ] && break; sleep 0.1; done
 	read -r -a roots <<<"$(mpi_roots)"
 	if [ "${#roots[@]}" != 2 ] || [ "$(oks "$log.rank1")" -lt 20 ]; then
-		fail "mpi: the job did not start: $(head -3 "$OUT/mpirun.log" | tr '\n' ' ')"
+		fail "mpi: the job did not start: $(grep -v "^ *$" "$OUT/mpirun.log" | head -30 | tr '\n' ' ')"
 		kill "$RSHD" "$MPIRUN" 2>/dev/null
 		return
 	fi
