@@ -591,7 +591,13 @@ part_mpi() {
 	printf '#!/bin/sh\nhost=$1\nshift\nexec %s rsh "$host:7777" "$@"\n' "$NETBED" >"$agent" && chmod +x "$agent"
 	CUDA_VISIBLE_DEVICES=1 "$NETBED" rshd "$BED" n1 7777 </dev/null >"$OUT/rshd.log" 2>&1 &
 	RSHD=$!
-	CUDA_VISIBLE_DEVICES=0 "$NETBED" exec "$BED" n0 -- setsid mpirun --allow-run-as-root --display-allocation --display-map --mca plm_rsh_agent "$agent" --mca btl tcp,self \
+	# The bed's two nodes are the job's whole allocation: a batch system's is not asked, and
+	# orted starts through rsh. (mpirun's words on both GPU machines, "All nodes which are
+	# allocated for this job are already filled", are what it says here inside a SLURM job.)
+	local sched
+	sched=$(env | grep -oE '^(SLURM|PBS|SGE|LSB)_[A-Z_]+' | sort | tr '\n' ' ')
+	[ -z "$sched" ] || log "mpi: a batch system's variables, not asked: $sched"
+	CUDA_VISIBLE_DEVICES=0 "$NETBED" exec "$BED" n0 -- setsid mpirun --allow-run-as-root --display-allocation --display-map --mca ras ^slurm,gridengine,tm,lsf --mca plm rsh --mca plm_rsh_agent "$agent" --mca btl tcp,self \
 		--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 --mca shmem mmap \
 		-np 1 -H "${ADDR[0]}" "$app" "$log" 100000 20 0 : -np 1 -H "${ADDR[1]}" "$app" "$log" 100000 20 1 \
 		</dev/null >"$OUT/mpirun.log" 2>&1 &
