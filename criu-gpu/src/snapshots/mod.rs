@@ -175,8 +175,14 @@ pub fn restore(
         human::bytes(read.bytes),
         human::gbps(read.bytes, Duration::from_secs_f64(read.seconds))
     ));
+    // The stage is this restore's own copy of the images: CRIU's log and the timings stay
+    // beside them (with the logs the stage keeps), unless a work directory was named.
+    let how = job::RestoreHow {
+        work_dir: how.work_dir.clone().or_else(|| Some(stage.clone())),
+        ..how.clone()
+    };
     let restored = job::restore(
-        how,
+        &how,
         &job::Request {
             dir: stage.clone(),
             ..r.clone()
