@@ -120,6 +120,11 @@ fn f3_a_request_of_a_dead_caller_not_yet_taken_is_dropped() {
     assert!(ofd::try_lock(&caller, LIVE_LOCK + 1).unwrap());
     p.block().post(1, &lock(0));
     drop(caller); // the caller dies while the process cannot run its helper
+                  // A process another test spawns meanwhile holds every open description of this one from
+                  // its fork to its exec: the caller is dead once nobody holds its lock.
+    until("the dead caller's lock is released", || {
+        !ofd::held_by_another(p.open(), LIVE_LOCK + 1).unwrap()
+    });
     let h = helper(&p, 1, Duration::ZERO);
     // Carried out, it would end in DONE with nobody to collect it: FREE means dropped.
     until("the helper has looked at the request", || {
@@ -154,6 +159,9 @@ fn f3_the_next_caller_drops_a_dead_callers_pending_request() {
     assert!(ofd::try_lock(&dead, LIVE_LOCK + 1).unwrap());
     p.block().post(1, &lock(0));
     drop(dead);
+    until("the dead caller's lock is released", || {
+        !ofd::held_by_another(p.open(), LIVE_LOCK + 1).unwrap()
+    });
     let h = helper(&p, 1, Duration::ZERO);
     let done = p
         .block()
