@@ -9,6 +9,11 @@
 //! appears; a kill goes through that pidfd. Where the connector is not available (not root, not
 //! the initial namespaces) or drops events (its buffer overflowed), CRIU's descendants are also
 //! read from /proc every few milliseconds.
+//!
+//! A fork's event may be read after its parent died: a CRIU killed right after it forked the
+//! tree's root, before the guardian ran. The child then has another parent (the reaper it was
+//! handed to), and is told from a process that reused its pid by its start time: the forked
+//! process started by the time of the event, a pid reused after it exited starts later.
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -69,10 +74,21 @@ fn listen_message() -> Vec<u8> {
     m
 }
 
-/// A fork the kernel reported: (parent process, child process), threads left out.
-fn forks(datagram: &[u8]) -> Vec<(i32, i32)> {
+/// A fork the kernel reported (a new process; threads are left out).
+#[derive(Debug, PartialEq, Eq)]
+struct Fork {
+    parent: i32,
+    child: i32,
+    /// When the kernel reported it (CLOCK_MONOTONIC, ns).
+    at_ns: u64,
+}
+
+fn forks(datagram: &[u8]) -> Vec<Fork> {
     let word = |b: &[u8], at: usize| -> Option<u32> {
         Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let time = |b: &[u8], at: usize| -> Option<u64> {
+        Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
     };
     let mut out = Vec::new();
     let mut at = 0;
@@ -87,9 +103,14 @@ fn forks(datagram: &[u8]) -> Vec<(i32, i32)> {
             // proc_event: what, cpu, timestamp_ns, then parent_pid, parent_tgid, child_pid,
             // child_tgid.
             let f = |i: usize| word(msg, event + 16 + 4 * i).map(|v| v as i32);
-            if let (Some(ptgid), Some(cpid), Some(ctgid)) = (f(1), f(2), f(3)) {
+            let at_ns = time(msg, event + 8);
+            if let (Some(ptgid), Some(cpid), Some(ctgid), Some(at_ns)) = (f(1), f(2), f(3), at_ns) {
                 if cpid == ctgid {
-                    out.push((ptgid, ctgid));
+                    out.push(Fork {
+                        parent: ptgid,
+                        child: ctgid,
+                        at_ns,
+                    });
                 }
             }
         }
@@ -114,8 +135,9 @@ impl Family {
         pid == self.criu || self.created.contains_key(&pid)
     }
 
-    /// Takes `child` of `parent` in, if the parent is ours.
-    fn born(&mut self, parent: i32, child: i32) {
+    /// Takes `child` of `parent` in, if the parent is ours; `forked_ns`: when the kernel
+    /// reported the fork (None: seen in /proc, where the parent is the one it has now).
+    fn born(&mut self, parent: i32, child: i32, forked_ns: Option<u64>) {
         if child == self.me || !self.ours(parent) || self.created.contains_key(&child) {
             return;
         }
@@ -126,8 +148,11 @@ impl Family {
             return; // gone already: nothing to kill
         };
         // The pid may have been reused before the pidfd was taken: a process that another of
-        // ours did not fork is not ours.
-        if process::parent(child).is_some_and(|p| self.ours(p)) {
+        // ours did not fork is not ours. One whose parent died since (a killed CRIU) was handed
+        // to a reaper: it is the forked one if it started by the time of the fork.
+        let forked_by_ours = process::parent(child).is_some_and(|p| self.ours(p))
+            || forked_ns.is_some_and(|t| started_by(child, t));
+        if forked_by_ours {
             self.created.insert(child, fd);
         }
     }
@@ -136,7 +161,7 @@ impl Family {
     fn sweep(&mut self) {
         for pid in process::tree(self.criu) {
             if let Some(parent) = process::parent(pid) {
-                self.born(parent, pid);
+                self.born(parent, pid, None);
             }
         }
     }
@@ -191,8 +216,8 @@ impl Lineage {
             loop {
                 match rustix::net::recv(&**fd, &mut buf[..], RecvFlags::DONTWAIT) {
                     Ok((n, _)) => {
-                        for (parent, child) in forks(&buf[..n]) {
-                            family.born(parent, child);
+                        for f in forks(&buf[..n]) {
+                            family.born(f.parent, f.child, Some(f.at_ns));
                         }
                     }
                     Err(rustix::io::Errno::NOBUFS) => family.sweeping = true,
@@ -231,6 +256,19 @@ impl Lineage {
     }
 }
 
+/// Whether process `pid` started by `mono_ns` (CLOCK_MONOTONIC), to the clock tick its start
+/// time is kept in (/proc/PID/stat counts CLOCK_BOOTTIME ticks).
+fn started_by(pid: i32, mono_ns: u64) -> bool {
+    let ns = |t: rustix::time::Timespec| t.tv_sec as i128 * 1_000_000_000 + t.tv_nsec as i128;
+    let since_boot = ns(rustix::time::clock_gettime(rustix::time::ClockId::Boottime))
+        - ns(rustix::time::clock_gettime(
+            rustix::time::ClockId::Monotonic,
+        ));
+    let tick_ns = 1_000_000_000 / procfs::ticks_per_second().max(1) as i128;
+    let forked_tick = (mono_ns as i128 + since_boot) / tick_ns;
+    process::starttime(pid).is_some_and(|s| s as i128 <= forked_tick)
+}
+
 /// A pidfd is readable once its process has exited.
 fn exited(pidfd: &OwnedFd) -> bool {
     let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
@@ -248,7 +286,8 @@ mod tests {
     fn fork_event(parent: i32, child_pid: i32, child_tgid: i32) -> Vec<u8> {
         let mut m = listen_message();
         m.truncate(NLMSG_HDR + CN_MSG_HDR);
-        for v in [PROC_EVENT_FORK, 0, 0, 0, parent as u32, parent as u32] {
+        // what, cpu, timestamp_ns (7, in two words), parent pid and tgid.
+        for v in [PROC_EVENT_FORK, 0, 7, 0, parent as u32, parent as u32] {
             m.extend_from_slice(&v.to_ne_bytes());
         }
         m.extend_from_slice(&(child_pid as u32).to_ne_bytes());
@@ -262,7 +301,16 @@ mod tests {
     fn fork_events_name_parent_and_child_and_leave_threads_out() {
         let mut two = fork_event(10, 11, 11);
         two.extend(fork_event(11, 12, 11));
-        assert_eq!(forks(&two), vec![(10, 11)]);
+        let fork = Fork {
+            parent: 10,
+            child: 11,
+            at_ns: if cfg!(target_endian = "little") {
+                7
+            } else {
+                7 << 32
+            },
+        };
+        assert_eq!(forks(&two), vec![fork]);
         assert_eq!(forks(&[1, 2, 3]), vec![]);
     }
 
@@ -301,5 +349,62 @@ mod tests {
         l.kill(grandchild);
         let _ = child.wait();
         l.kill(pid);
+    }
+
+    /// A fork whose event is read only after its parent died (a CRIU killed right after it
+    /// forked the tree's root, the guardian not yet run): the child, handed to a reaper, is
+    /// still followed and killed. Needs root (the proc connector).
+    #[test]
+    fn a_child_whose_parent_died_before_its_fork_was_read_is_followed() {
+        let events = subscribe().expect("the proc connector (run the tests as root)");
+        // The "CRIU": a shell that forks a sleep, says its pid and exits.
+        let mut criu = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & echo $!"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(criu.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let child: i32 = line.trim().parse().unwrap();
+        criu.wait().unwrap();
+        assert_ne!(process::parent(child), Some(criu.id() as i32));
+        // Only now are the events read: the sleep's parent is its reaper.
+        let l = Lineage::follow(Some(events), criu.id() as i32);
+        let alive: Vec<i32> = l.alive().iter().map(|(p, _)| *p).collect();
+        l.kill(child);
+        assert_eq!(alive, vec![child]);
+        let gone = || !process::exists(child) || process::is_zombie(child);
+        for _ in 0..500 {
+            if gone() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(gone(), "the sleep {child} was not killed");
+    }
+
+    /// A process that started after a fork's time is not the forked one (its pid reused).
+    #[test]
+    fn a_process_started_after_the_fork_is_not_the_forked_one() {
+        let mono_ns = || {
+            let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+            t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+        };
+        let forked = mono_ns();
+        // Two clock ticks (10 ms each) later.
+        std::thread::sleep(Duration::from_millis(30));
+        let mut later = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = later.id() as i32;
+        let verdicts = (started_by(pid, forked), started_by(pid, mono_ns()));
+        let _ = later.kill();
+        let _ = later.wait();
+        assert_eq!(verdicts, (false, true));
     }
 }

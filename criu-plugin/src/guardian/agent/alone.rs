@@ -10,6 +10,9 @@ use super::{Agent, Phase, MAX_ALONE};
 /// How long the tasks of a successful dump may take to start dying once CRIU is gone, before
 /// the guardian takes them for resumed (a failed post-dump script).
 const COMMIT_GRACE: Duration = Duration::from_secs(2);
+/// How long the half-restored processes of a killed restore may take to die (freeing their
+/// memory) before the guardian says which are left.
+const KILL_LIMIT: Duration = Duration::from_secs(60);
 use crate::guardian::proto::{Level, NotReturned, Outcome, Returned};
 
 impl Agent {
@@ -76,34 +79,65 @@ impl Agent {
         if self.bye || self.phase != Phase::Working {
             return;
         }
-        // What this CRIU created, and of that what the images name: never a process of
-        // another restore that took the same pids.
-        let alive: Vec<(i32, u64)> = self
-            .machine
+        // A process CRIU forked may fork its own children until it is killed (the tree's root,
+        // once CRIU let it): kills in rounds, each taking in what the last one left, until
+        // nothing is alive.
+        let deadline = Instant::now() + KILL_LIMIT;
+        let mut killed: Vec<i32> = Vec::new();
+        loop {
+            let alive = self.half_restored();
+            if alive.is_empty() {
+                break;
+            }
+            let new: Vec<i32> = alive
+                .iter()
+                .filter(|p| !killed.contains(p))
+                .copied()
+                .collect();
+            if !new.is_empty() {
+                self.out.log(
+                    Level::Error,
+                    format!(
+                        "CRIU (pid {criu}) ended in the middle of a restore, before the GPU state \
+                         was back: killing the half-restored processes it created, {}; the \
+                         images are unchanged: restore again",
+                        pids(new.iter().copied())
+                    ),
+                );
+                killed.extend(&new);
+            }
+            if Instant::now() > deadline {
+                self.out.log(
+                    Level::Error,
+                    format!(
+                        "half-restored processes {} are still alive {} s after they were \
+                         killed (a process in the kernel that does not die): the next restore \
+                         of these images fails until they are gone",
+                        pids(alive.iter().copied()),
+                        KILL_LIMIT.as_secs()
+                    ),
+                );
+                break;
+            }
+            for pid in alive.iter().rev() {
+                self.machine.kill_created(*pid);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.leave_retryable();
+    }
+
+    /// What this CRIU created that is alive, and of that what the images name: never a process
+    /// of another restore that took the same pids.
+    fn half_restored(&self) -> Vec<i32> {
+        self.machine
             .created()
             .into_iter()
             .filter(|(pid, ns)| {
                 self.expected.is_empty() || self.expected.contains(ns) || self.tree.contains(pid)
             })
-            .map(|(pid, _)| (pid, 0))
-            .collect();
-        if alive.is_empty() {
-            self.leave_retryable();
-            return;
-        }
-        self.out.log(
-            Level::Error,
-            format!(
-                "CRIU (pid {criu}) ended in the middle of a restore, before the GPU state was \
-                 back: killing the half-restored processes it created, {}; the images are \
-                 unchanged: restore again",
-                pids(&alive)
-            ),
-        );
-        for (pid, _) in alive.iter().rev() {
-            self.machine.kill_created(*pid);
-        }
-        self.leave_retryable();
+            .map(|(pid, _)| pid)
+            .collect()
     }
 
     /// After a restore killed half-way: what else it left in the way of the next one.
@@ -128,17 +162,12 @@ impl Agent {
         if let Some(line) = self.machine.unlock_network(false) {
             self.out.log(Level::Warn, line);
         }
-        let names: Vec<(i32, u64)> = self
-            .tracked
-            .iter()
-            .map(|(p, t)| (*p, t.starttime))
-            .collect();
         self.out.log(
             Level::Error,
             format!(
                 "CRIU (pid {criu}) ended {when}; returning the CUDA processes {} to their state \
                  before the dump",
-                pids(&names)
+                pids(tracked.iter().copied())
             ),
         );
         // Already queued rollbacks report to the plugin's (closed) link; queue fresh ones so
@@ -185,9 +214,9 @@ impl Agent {
     }
 }
 
-fn pids(list: &[(i32, u64)]) -> String {
-    list.iter()
-        .map(|(p, _)| p.to_string())
+fn pids(list: impl IntoIterator<Item = i32>) -> String {
+    list.into_iter()
+        .map(|p| p.to_string())
         .collect::<Vec<_>>()
         .join(", ")
 }
