@@ -5,6 +5,7 @@
 //! CRIU goes ([`progress`]). The options the restore needs are kept in the image directory
 //! ([`record`]). Plain `criu dump` and `criu restore` are unchanged.
 
+mod adopt;
 pub mod cluster;
 pub mod facts;
 pub mod files;
@@ -45,6 +46,15 @@ pub enum JobError {
         phase: &'static str,
         status: String,
         after: &'static str,
+        log: String,
+        errors: Vec<String>,
+    },
+    #[error("criu {phase} failed ({status}), and {left}. CRIU's log: {log}{}", last_lines(.errors))]
+    LeftRunning {
+        phase: &'static str,
+        status: String,
+        /// What is left, and what to do.
+        left: String,
         log: String,
         errors: Vec<String>,
     },
@@ -733,7 +743,7 @@ fn cut_back_grown(dir: &Path) -> Result<(), JobError> {
 }
 
 /// Runs CRIU's restore, writing into `dir` (its work directory); its failure leaves nothing
-/// running and the images as they were.
+/// running and the images as they were, or says which processes of the restore run on.
 fn run_restore(
     criu: &Path,
     args: &[String],
@@ -744,6 +754,9 @@ fn run_restore(
     out::line(format!("running: {}", command.join(" ")));
     // The pid file CRIU writes is how the restored root is found: none is left from before.
     let _ = std::fs::remove_file(dir.join("restore.pid"));
+    let guardian_from = adopt::guardian_log_end(dir);
+    // What a killed CRIU forked comes to this process, to be seen.
+    let adopter = adopt::adopt();
     let ran = run::criu(
         criu,
         args,
@@ -756,15 +769,87 @@ fn run_restore(
         what: "running criu".into(),
         source,
     })?;
-    if !ran.ok {
-        return Err(JobError::Failed {
-            phase: "restore",
-            status: ran.status,
-            after: "nothing of the job was left running and the images are unchanged: fix the \
-                    cause and run criu-gpu restore again",
-            log: dir.join("restore.log").display().to_string(),
-            errors: ran.errors,
-        });
+    if ran.ok {
+        return Ok(ran);
     }
-    Ok(ran)
+    let left = adopter.left(criu);
+    let guardian = adopt::guardian_lines(dir, guardian_from);
+    for line in &guardian {
+        out::line(format!("the plugin's guardian: {line}"));
+    }
+    let log = dir.join("restore.log").display().to_string();
+    let after = match left {
+        adopt::Left::Nothing => {
+            "nothing of the job was left running and the images are unchanged: fix the cause \
+             and run criu-gpu restore again"
+        }
+        adopt::Left::Unknown => {
+            "the plugin's guardian kills what CRIU had restored, and the images are unchanged: \
+             check that no process of the job runs, fix the cause and run criu-gpu restore again"
+        }
+        adopt::Left::Job(job) => {
+            return Err(left_running(ran, log, left_the_job(&job, &guardian)));
+        }
+        adopt::Left::Stuck(stuck) => {
+            return Err(left_running(ran, log, left_stuck(&stuck, &guardian)));
+        }
+    };
+    Err(JobError::Failed {
+        phase: "restore",
+        status: ran.status,
+        after,
+        log,
+        errors: ran.errors,
+    })
+}
+
+fn left_running(ran: run::Ran, log: String, left: String) -> JobError {
+    JobError::LeftRunning {
+        phase: "restore",
+        status: ran.status,
+        left,
+        log,
+        errors: ran.errors,
+    }
+}
+
+/// A restore killed once the job was back: its processes run on.
+fn left_the_job(left: &[(i32, String)], guardian: &[String]) -> String {
+    let said = guardian.last().map_or(
+        "the plugin's guardian had let them go (it kills a restored tree only before its GPU \
+         state is back)"
+            .to_owned(),
+        |l| format!("the plugin's guardian: {l}"),
+    );
+    format!(
+        "processes of the restore run on: {}; {said}. The images are unchanged. Those processes \
+         run the job without CRIU's last steps (its post-resume scripts): keep them, or end them \
+         (kill -9 {}) before restoring again",
+        named(left),
+        pids(left)
+    )
+}
+
+/// Processes that still run CRIU's program long after it ended.
+fn left_stuck(left: &[(i32, String)], guardian: &[String]) -> String {
+    let said = guardian.last().map_or(
+        "the plugin's guardian said nothing of them".to_owned(),
+        |l| format!("the plugin's guardian: {l}"),
+    );
+    format!(
+        "processes of the restore are left half-restored, still CRIU's and not the job's: {}; \
+         {said}. The images are unchanged: end them (kill -9 {}) and run criu-gpu restore again",
+        named(left),
+        pids(left)
+    )
+}
+
+fn named(list: &[(i32, String)]) -> String {
+    let each: Vec<String> = list.iter().map(|(p, n)| format!("{p} ({n})")).collect();
+    each.join(", ")
+}
+
+fn pids(list: &[(i32, String)]) -> String {
+    let each: Vec<String> = list.iter().map(|(p, _)| p.to_string()).collect();
+    each.join(" ")
 }

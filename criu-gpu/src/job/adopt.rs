@@ -1,0 +1,103 @@
+//! What a failed restore left running, seen rather than assumed. `criu-gpu` is the child
+//! subreaper of the restores it runs: a CRIU that dies (SIGKILL included) hands what it forked
+//! to `criu-gpu`: the plugin's guardian (which kills a half-restored tree and leaves one whose
+//! GPU state was back), CRIU's helpers, and the restored processes. `criu-gpu` waits until none
+//! of them runs CRIU's own program any more, then looks at what is still alive.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cuda_checkpoint_ctl::process;
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+
+/// How long CRIU's forks may take to end once CRIU is gone: the guardian's kills (it gives up
+/// after 60 s), the project's CRIU's helper putting the last deferred pages in place (CRIU
+/// itself waits 2 minutes for it, and 4 s a GiB).
+const SETTLE_LIMIT: Duration = Duration::from_secs(120);
+/// The guardian's record, in the restore's work directory (criu-plugin/src/guardian/machine.rs).
+const GUARDIAN_LOG: &str = "gpu-guardian.log";
+
+/// This process, made the subreaper of the CRIU it runs next.
+pub struct Adopter {
+    adopts: bool,
+}
+
+/// What a failed restore left.
+pub enum Left {
+    Nothing,
+    /// Processes of the restore that run the job's program, with their names.
+    Job(Vec<(i32, String)>),
+    /// Processes that still run CRIU's program (or do not end), long after CRIU ended:
+    /// half-restored.
+    Stuck(Vec<(i32, String)>),
+    /// This process is not a subreaper: what a killed CRIU left is not known here.
+    Unknown,
+}
+
+/// Makes this process the subreaper of what it runs from now on.
+pub fn adopt() -> Adopter {
+    let me = rustix::process::getpid();
+    Adopter {
+        adopts: rustix::process::set_child_subreaper(Some(me)).is_ok(),
+    }
+}
+
+impl Adopter {
+    /// Once `criu` has ended (and was reaped): waits until what it forked runs its program no
+    /// more, reaps what died, and says what is left.
+    pub fn left(&self, criu: &Path) -> Left {
+        if !self.adopts {
+            return Left::Unknown;
+        }
+        let me = std::process::id() as i32;
+        let criu = criu.canonicalize().unwrap_or_else(|_| criu.to_owned());
+        let deadline = Instant::now() + SETTLE_LIMIT;
+        let (mut job, mut stuck) = adopted(me, &criu);
+        while !stuck.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            (job, stuck) = adopted(me, &criu);
+        }
+        for p in process::children(me) {
+            if process::is_zombie(p) {
+                // Only children that ended: never one someone else waits for.
+                let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
+            }
+        }
+        let named = |l: Vec<i32>| l.into_iter().map(|p| (p, process::name(p))).collect();
+        match (job.is_empty(), stuck.is_empty()) {
+            (true, true) => Left::Nothing,
+            (_, false) => Left::Stuck(named(stuck)),
+            (false, true) => Left::Job(named(job)),
+        }
+    }
+}
+
+/// The live processes handed to `me`, and theirs: (those that run another program, those that
+/// still run `criu`'s or are on their way out).
+fn adopted(me: i32, criu: &Path) -> (Vec<i32>, Vec<i32>) {
+    process::children(me)
+        .into_iter()
+        .flat_map(process::tree)
+        .filter(|p| !process::is_zombie(*p))
+        .partition(|p| !process::is_dying(*p) && exe(*p).as_deref() != Some(criu))
+}
+
+fn exe(pid: i32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+/// Where the guardian's record of this restore starts: its end before CRIU ran.
+pub fn guardian_log_end(work: &Path) -> u64 {
+    std::fs::metadata(work.join(GUARDIAN_LOG)).map_or(0, |m| m.len())
+}
+
+/// The guardian's lines since `from` (it writes them once CRIU is gone), without their stamps.
+pub fn guardian_lines(work: &Path, from: u64) -> Vec<String> {
+    let text = std::fs::read(work.join(GUARDIAN_LOG)).unwrap_or_default();
+    let new = text.get(from as usize..).unwrap_or_default();
+    String::from_utf8_lossy(new)
+        .lines()
+        .map(|l| l.split_once(": ").map_or(l, |(_, text)| text).to_owned())
+        .collect()
+}
