@@ -19,7 +19,8 @@ use crate::*;
 pub enum Kind {
     /// One CUDA process holding 8 MiB.
     Cuda,
-    /// A CUDA process with two CUDA children, each with the driver's helper thread.
+    /// A CUDA process with two CUDA children, each with the driver's helper thread, each holding
+    /// 8 MiB.
     Tree,
     /// A job of two ranks under a parent, with its store and ring TCP connections.
     Job,
@@ -82,7 +83,8 @@ impl Workload {
                 (app.pid, vec![app], None)
             }
             Kind::Tree => {
-                let app = sim.app("tree", &["--children", "2", "--interval-ms", &step]);
+                let args = ["--children", "2", "--mib", "8", "--interval-ms", &step];
+                let app = sim.app("tree", &args);
                 let kids = (0..2).map(|i| App {
                     pid: 0,
                     log: app.log.with_extension(format!("log.gpu{i}")),
@@ -119,6 +121,11 @@ impl Workload {
             fds,
             judged: Vec::new(),
         }
+    }
+
+    /// Lines the workload's GPU processes (and the io_uring loop) have logged so far.
+    pub fn lines_logged(&self) -> usize {
+        self.logs().map(|a| a.lines().len()).sum()
     }
 
     /// The processes now running are restored ones: what the ended ones logged (a process that
@@ -345,12 +352,15 @@ pub fn dump_committed(images: &Path) -> bool {
         .any(|l| l.contains("Unseizing") && l.ends_with("into 2"))
 }
 
-/// The instants to kill at: the `nth` line of the log that contains each stage's text, for a
-/// few of its occurrences (the first, one in the middle, the last), each after `delays` (µs).
+/// The instants to kill at: the `nth` of CRIU's own lines of the log that contain each stage's
+/// text, for a few of its occurrences (the first, one in the middle, the last), each after
+/// `delays` (µs). Only CRIU's own lines: CRIU_KILL_AT counts those, not the lines its restored
+/// tasks and its parasite write (after a "PID: " or "pie: ").
 pub fn stage_points(log: &str, stages: &[&str], delays: &[u64]) -> Vec<String> {
     let mut points = Vec::new();
+    let own: Vec<&str> = log.lines().filter(|l| criu_own(l)).collect();
     for stage in stages {
-        let n = log.lines().filter(|l| l.contains(stage)).count();
+        let n = own.iter().filter(|l| l.contains(stage)).count();
         let mut nth: Vec<usize> = vec![1, n.div_ceil(2), n];
         nth.dedup();
         for k in nth.into_iter().filter(|k| (1..=n).contains(k)) {
@@ -360,6 +370,23 @@ pub fn stage_points(log: &str, stages: &[&str], delays: &[u64]) -> Vec<String> {
         }
     }
     points
+}
+
+/// Whether a line of CRIU's log is CRIU's own: "(TIME) TEXT", not "(TIME)  PID: TEXT" nor
+/// "(TIME) pie: PID: TEXT".
+fn criu_own(line: &str) -> bool {
+    let Some(text) = line
+        .strip_prefix('(')
+        .and_then(|l| l.split_once(") "))
+        .map(|(_, t)| t)
+    else {
+        return false;
+    };
+    let text = text.trim_start();
+    let pid_said = text
+        .split_once(": ")
+        .is_some_and(|(head, _)| head.parse::<u32>().is_ok());
+    !pid_said && !text.starts_with("pie: ")
 }
 
 /// Instants by time: `n` points spread over the run the log shows (8/10 of its last timestamp:
