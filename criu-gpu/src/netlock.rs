@@ -65,7 +65,7 @@ impl NodeLocks {
     pub fn probe(criu: &Path) -> NodeLocks {
         let ok = |cmd: &mut Command| cmd.output().is_ok_and(|o| o.status.success());
         let nodes = NodeLocks {
-            nftables: ok(Command::new(criu).args(["check", "--feature", "network_lock_nftables"])),
+            nftables: crate::criu_bin::has_feature(criu, "network_lock_nftables"),
             iptables: ok(Command::new("iptables-restore").arg("--version"))
                 && ok(Command::new("ip6tables-restore").arg("--version")),
         };

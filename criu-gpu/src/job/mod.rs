@@ -460,13 +460,7 @@ fn file_problems(dir: &Path, truncate: bool, plan: &mut Plan) {
 /// What the CRIU at `criu` does with io_uring rings: the project's CRIU answers `criu check
 /// --feature io_uring` (patch 0008); stock CRIU knows no such feature.
 fn ring_support(criu: &Path) -> cuda_checkpoint_ctl::refusal::RingSupport {
-    let dumps = std::process::Command::new(criu)
-        .args(["check", "--feature", "io_uring"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if dumps {
+    if criu_bin::has_feature(criu, "io_uring") {
         cuda_checkpoint_ctl::refusal::RingSupport::Idle
     } else {
         cuda_checkpoint_ctl::refusal::RingSupport::None

@@ -60,12 +60,7 @@ pub enum MigrateError {
 /// A CRIU that cannot move pages while the other side restores: the project's CRIU (patch
 /// 0012, `criu check --feature lazy_pages_complete`) on a kernel with userfaultfd's events.
 pub fn streams_pages(criu: &Path) -> Option<Problem> {
-    let ok = std::process::Command::new(criu)
-        .args(["check", "--feature", "lazy_pages_complete"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let ok = crate::criu_bin::has_feature(criu, "lazy_pages_complete");
     (!ok).then(|| Problem {
         what: format!(
             "{} cannot move a job's pages while the other node restores it (`criu check \
