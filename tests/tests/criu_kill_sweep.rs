@@ -355,6 +355,17 @@ fn after_killed_restore(
     if !said.contains("nothing of the job was left running") {
         return Err(format!("nothing was left, but criu-gpu said: {said}"));
     }
+    // criu-gpu ends what a killed CRIU left that cannot go on without it; the job's own
+    // processes are the guardian's to kill, also where CRIU ran plain, without criu-gpu.
+    let ended = said
+        .lines()
+        .find(|l| l.starts_with("ended what the failed CRIU had left"))
+        .unwrap_or_default();
+    if let Some(p) = w.pids.iter().find(|p| ended.contains(&format!(" {p} ("))) {
+        return Err(format!(
+            "the guardian left process {p} of the killed restore, which criu-gpu ended: {ended}"
+        ));
+    }
     let out = w.restore(images, None);
     if !out.status.success() {
         return Err(format!("the second restore failed: {}", text(&out)));

@@ -1,20 +1,23 @@
 //! What a failed restore left running, seen rather than assumed. `criu-gpu` is the child
 //! subreaper of the restores it runs: a CRIU that dies (SIGKILL included) hands what it forked
-//! to `criu-gpu`: the plugin's guardian (which kills a half-restored tree and leaves one whose
-//! GPU state was back), CRIU's helpers, and the restored processes. `criu-gpu` waits until none
-//! of them runs CRIU's own program any more, then looks at what is still alive.
+//! to `criu-gpu`: the plugin's guardian (which kills a half-restored tree), CRIU's helpers, and
+//! the restored processes. `criu-gpu` waits for the guardian, ends what cannot go on without
+//! CRIU, then looks at what is still alive.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::process;
+use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
 /// How long CRIU's forks may take to end once CRIU is gone: the guardian's kills (it gives up
 /// after 60 s), the project's CRIU's helper putting the last deferred pages in place (CRIU
 /// itself waits 2 minutes for it, and 4 s a GiB).
-const SETTLE_LIMIT: Duration = Duration::from_secs(120);
+pub const SETTLE_LIMIT: Duration = Duration::from_secs(120);
+/// The plugin's guardian, as its process is named (criu-plugin/src/guardian/sys.rs).
+const GUARDIAN: &str = "criu-gpu-guard";
 /// The guardian's record, in the restore's work directory (criu-plugin/src/guardian/machine.rs).
 const GUARDIAN_LOG: &str = "gpu-guardian.log";
 
@@ -25,11 +28,13 @@ pub struct Adopter {
 
 /// What a failed restore left.
 pub enum Left {
-    Nothing,
+    /// Nothing of the restore runs; `ended`: what the killed CRIU had left that could not go on
+    /// without it (its helpers, tasks it had not made the job's yet), ended here.
+    Nothing { ended: Vec<(i32, String)> },
     /// Processes of the restore that run the job's program, with their names.
     Job(Vec<(i32, String)>),
-    /// Processes that still run CRIU's program (or do not end), long after CRIU ended:
-    /// half-restored.
+    /// Processes that still run CRIU's program (or do not end) while the job runs, long after
+    /// CRIU ended.
     Stuck(Vec<(i32, String)>),
     /// This process is not a subreaper: what a killed CRIU left is not known here.
     Unknown,
@@ -44,8 +49,12 @@ pub fn adopt() -> Adopter {
 }
 
 impl Adopter {
-    /// Once `criu` has ended (and was reaped): waits until what it forked runs its program no
-    /// more, reaps what died, and says what is left.
+    /// Once `criu` has ended (and was reaped): waits for the plugin's guardian to finish, then
+    /// for what the CRIU forked to run its program no more, reaps what died, and says what is
+    /// left. With nothing of the job running, a process still running CRIU's program can do
+    /// nothing without CRIU (a helper it left stopped, a task it had not made the job's yet):
+    /// it is ended. While the job runs, one may be putting the job's last pages in place
+    /// (patch 0007's helper, which ends by itself): it is waited for.
     pub fn left(&self, criu: &Path) -> Left {
         if !self.adopts {
             return Left::Unknown;
@@ -53,10 +62,22 @@ impl Adopter {
         let me = std::process::id() as i32;
         let criu = criu.canonicalize().unwrap_or_else(|_| criu.to_owned());
         let deadline = Instant::now() + SETTLE_LIMIT;
-        let (mut job, mut stuck) = adopted(me, &criu);
-        while !stuck.is_empty() && Instant::now() < deadline {
+        while guardian_runs(me) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
-            (job, stuck) = adopted(me, &criu);
+        }
+        let mut ended = Vec::new();
+        let (mut job, mut criu_own) = adopted(me, &criu);
+        while !criu_own.is_empty() && Instant::now() < deadline {
+            if job.is_empty() {
+                for p in &criu_own {
+                    if !ended.iter().any(|(e, _)| e == p) {
+                        ended.push((*p, process::name(*p)));
+                        let _ = nix::sys::signal::kill(Pid::from_raw(*p), Signal::SIGKILL);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            (job, criu_own) = adopted(me, &criu);
         }
         for p in process::children(me) {
             if process::is_zombie(p) {
@@ -65,12 +86,19 @@ impl Adopter {
             }
         }
         let named = |l: Vec<i32>| l.into_iter().map(|p| (p, process::name(p))).collect();
-        match (job.is_empty(), stuck.is_empty()) {
-            (true, true) => Left::Nothing,
-            (_, false) => Left::Stuck(named(stuck)),
+        match (job.is_empty(), criu_own.is_empty()) {
+            (true, true) => Left::Nothing { ended },
+            (_, false) => Left::Stuck(named(criu_own)),
             (false, true) => Left::Job(named(job)),
         }
     }
+}
+
+/// Whether the plugin's guardian, handed to `me`, still runs.
+fn guardian_runs(me: i32) -> bool {
+    process::children(me)
+        .into_iter()
+        .any(|p| process::comm(p).as_deref() == Some(GUARDIAN) && !process::is_zombie(p))
 }
 
 /// The live processes handed to `me`, and theirs: (those that run another program, those that

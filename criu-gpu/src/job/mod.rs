@@ -773,7 +773,14 @@ fn run_restore(
     }
     let log = dir.join("restore.log").display().to_string();
     let after = match left {
-        adopt::Left::Nothing => {
+        adopt::Left::Nothing { ended } => {
+            if !ended.is_empty() {
+                out::line(format!(
+                    "ended what the failed CRIU had left, which could not go on without it (its \
+                     helpers, tasks it had not made the job's yet): {}",
+                    named(&ended)
+                ));
+            }
             "nothing of the job was left running and the images are unchanged: fix the cause \
              and run criu-gpu restore again"
         }
@@ -824,15 +831,17 @@ fn left_the_job(left: &[(i32, String)], guardian: &[String]) -> String {
     )
 }
 
-/// Processes that still run CRIU's program long after it ended.
+/// Processes that still run CRIU's program, long after it ended, beside the job's.
 fn left_stuck(left: &[(i32, String)], guardian: &[String]) -> String {
     let said = guardian.last().map_or(
         "the plugin's guardian said nothing of them".to_owned(),
         |l| format!("the plugin's guardian: {l}"),
     );
     format!(
-        "processes of the restore are left half-restored, still CRIU's and not the job's: {}; \
-         {said}. The images are unchanged: end them (kill -9 {}) and run criu-gpu restore again",
+        "processes of the restore still run CRIU's program, not the job's, {} s after it \
+         ended: {}; {said}. The images are unchanged: end them and what runs of the job (kill \
+         -9 {}) and run criu-gpu restore again",
+        adopt::SETTLE_LIMIT.as_secs(),
         named(left),
         pids(left)
     )
