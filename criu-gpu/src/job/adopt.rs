@@ -49,18 +49,21 @@ pub fn adopt() -> Adopter {
 }
 
 impl Adopter {
-    /// Once `criu` has ended (and was reaped): waits for the plugin's guardian to finish, then
+    /// Once `criu` has ended (and was reaped; `program`: the program it ran as, where seen): waits for the plugin's guardian to finish, then
     /// for what the CRIU forked to run its program no more, reaps what died, and says what is
     /// left. With nothing of the job running, a process still running CRIU's program can do
     /// nothing without CRIU (a helper it left stopped, a task it had not made the job's yet):
     /// it is ended. While the job runs, one may be putting the job's last pages in place
     /// (patch 0007's helper, which ends by itself): it is waited for.
-    pub fn left(&self, criu: &Path) -> Left {
+    pub fn left(&self, criu: &Path, program: Option<&Path>) -> Left {
         if !self.adopts {
             return Left::Unknown;
         }
         let me = std::process::id() as i32;
-        let criu = criu.canonicalize().unwrap_or_else(|_| criu.to_owned());
+        let criu = program.map_or_else(
+            || criu.canonicalize().unwrap_or_else(|_| criu.to_owned()),
+            Path::to_path_buf,
+        );
         let deadline = Instant::now() + SETTLE_LIMIT;
         while guardian_runs(me) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));

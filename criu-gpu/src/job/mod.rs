@@ -766,7 +766,7 @@ fn run_restore(
     if ran.ok {
         return Ok(ran);
     }
-    let left = adopter.left(criu);
+    let left = adopter.left(criu, ran.program.as_deref());
     let guardian = adopt::guardian_lines(dir, guardian_from);
     for line in &guardian {
         out::line(format!("the plugin's guardian: {line}"));

@@ -3,7 +3,7 @@
 //! SIGKILL; the plugin's guardian puts GPU processes back whatever ends criu).
 
 use std::io::{Read, Seek, SeekFrom};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,8 @@ pub struct Ran {
     pub took: Duration,
     /// Error lines of its log (the last ones say why it failed).
     pub errors: Vec<String>,
+    /// The program criu ran as, last seen (through a wrapper script's exec: the real binary).
+    pub program: Option<PathBuf>,
 }
 
 /// Runs `criu ARGS` with `env`, following `log` (written by criu with `-o`), for at most `limit`.
@@ -47,8 +49,12 @@ pub fn criu(
     let mut offset = 0u64;
     let mut partial = String::new();
     let mut term_sent: Option<Instant> = None;
+    let mut program = None;
     let status = loop {
         follow(log, &mut offset, &mut partial, &mut progress);
+        if let Ok(p) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+            program = Some(p);
+        }
         if let Some(s) = child.try_wait()? {
             break s;
         }
@@ -88,6 +94,7 @@ pub fn criu(
         status: status_text,
         took: start.elapsed(),
         errors: progress.errors,
+        program,
     })
 }
 
