@@ -33,7 +33,7 @@ pub enum Left {
     Nothing { ended: Vec<(i32, String)> },
     /// Processes of the restore that run the job's program, with their names.
     Job(Vec<(i32, String)>),
-    /// Processes that still run CRIU's program (or do not end) while the job runs, long after
+    /// Processes that still run CRIU's program while the job runs, or do not end, long after
     /// CRIU ended.
     Stuck(Vec<(i32, String)>),
     /// This process is not a subreaper: what a killed CRIU left is not known here.
@@ -68,31 +68,65 @@ impl Adopter {
         while guardian_runs(me) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let mut ended = Vec::new();
-        let (mut job, mut criu_own) = adopted(me, &criu);
-        while !criu_own.is_empty() && Instant::now() < deadline {
-            if job.is_empty() {
-                for p in &criu_own {
-                    if !ended.iter().any(|(e, _)| e == p) {
-                        ended.push((*p, process::name(*p)));
-                        let _ = nix::sys::signal::kill(Pid::from_raw(*p), Signal::SIGKILL);
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-            (job, criu_own) = adopted(me, &criu);
-        }
-        for p in process::children(me) {
-            if process::is_zombie(p) {
-                // Only children that ended: never one someone else waits for.
-                let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
-            }
-        }
+        let (now, ended) = settle(me, &criu, deadline);
+        reap_ended(me);
         let named = |l: Vec<i32>| l.into_iter().map(|p| (p, process::name(p))).collect();
-        match (job.is_empty(), criu_own.is_empty()) {
+        let criu_own: Vec<i32> = now.criu_own.into_iter().chain(now.dying).collect();
+        match (now.job.is_empty(), criu_own.is_empty()) {
             (true, true) => Left::Nothing { ended },
             (_, false) => Left::Stuck(named(criu_own)),
-            (false, true) => Left::Job(named(job)),
+            (false, true) => Left::Job(named(now.job)),
+        }
+    }
+}
+
+/// What was handed to this process, by what it runs.
+struct Adopted {
+    /// Running another program than CRIU's: the job's.
+    job: Vec<i32>,
+    /// Running CRIU's program.
+    criu_own: Vec<i32>,
+    /// On their way out: a thread of theirs has not ended yet.
+    dying: Vec<i32>,
+}
+
+/// Waits, until `deadline`, for the processes running CRIU's program and the dying ones to end;
+/// with nothing of the job running, ends those running CRIU's program. Returns what is left and
+/// what it ended.
+fn settle(me: i32, criu: &Path, deadline: Instant) -> (Adopted, Vec<(i32, String)>) {
+    let mut ended: Vec<(i32, String)> = Vec::new();
+    loop {
+        let now = adopted(me, criu);
+        let settled = now.criu_own.is_empty() && now.dying.is_empty();
+        if settled || Instant::now() > deadline {
+            return (now, ended);
+        }
+        if now.job.is_empty() {
+            for p in &now.criu_own {
+                if !ended.iter().any(|(e, _)| e == p) {
+                    ended.push((*p, process::name(*p)));
+                    let _ = nix::sys::signal::kill(Pid::from_raw(*p), Signal::SIGKILL);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reaps every child of `me` whose threads have all ended, until none is left (a process's
+/// children come to `me` as it dies): their pids are free for the next restore. Only those:
+/// never a child someone else waits for.
+fn reap_ended(me: i32) {
+    loop {
+        let done: Vec<i32> = process::children(me)
+            .into_iter()
+            .filter(|p| all_ended(*p))
+            .collect();
+        if done.is_empty() {
+            return;
+        }
+        for p in done {
+            let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
         }
     }
 }
@@ -101,17 +135,34 @@ impl Adopter {
 fn guardian_runs(me: i32) -> bool {
     process::children(me)
         .into_iter()
-        .any(|p| process::comm(p).as_deref() == Some(GUARDIAN) && !process::is_zombie(p))
+        .any(|p| process::comm(p).as_deref() == Some(GUARDIAN) && !all_ended(p))
 }
 
-/// The live processes handed to `me`, and theirs: (those that run another program, those that
-/// still run `criu`'s or are on their way out).
-fn adopted(me: i32, criu: &Path) -> (Vec<i32>, Vec<i32>) {
-    process::children(me)
-        .into_iter()
-        .flat_map(process::tree)
-        .filter(|p| !process::is_zombie(*p))
-        .partition(|p| !process::is_dying(*p) && exe(*p).as_deref() != Some(criu))
+/// The processes handed to `me`, and theirs, that have not all ended.
+fn adopted(me: i32, criu: &Path) -> Adopted {
+    let mut a = Adopted {
+        job: Vec::new(),
+        criu_own: Vec::new(),
+        dying: Vec::new(),
+    };
+    let tree = process::children(me).into_iter().flat_map(process::tree);
+    for p in tree.filter(|p| !all_ended(*p)) {
+        if process::is_zombie(p) || process::is_dying(p) {
+            a.dying.push(p);
+        } else if exe(p).as_deref() == Some(criu) {
+            a.criu_own.push(p);
+        } else {
+            a.job.push(p);
+        }
+    }
+    a
+}
+
+/// Whether every thread of process `pid` has ended: a zombie leader's other threads may still
+/// be on their way out, holding their ids.
+fn all_ended(pid: i32) -> bool {
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    !process::exists(pid) || (process::is_zombie(pid) && threads <= 1)
 }
 
 fn exe(pid: i32) -> Option<PathBuf> {

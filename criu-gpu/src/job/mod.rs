@@ -831,14 +831,15 @@ fn left_the_job(left: &[(i32, String)], guardian: &[String]) -> String {
     )
 }
 
-/// Processes that still run CRIU's program, long after it ended, beside the job's.
+/// Processes that still run CRIU's program (or do not end), long after it ended, beside the
+/// job's.
 fn left_stuck(left: &[(i32, String)], guardian: &[String]) -> String {
     let said = guardian.last().map_or(
         "the plugin's guardian said nothing of them".to_owned(),
         |l| format!("the plugin's guardian: {l}"),
     );
     format!(
-        "processes of the restore still run CRIU's program, not the job's, {} s after it \
+        "processes of the restore still run CRIU's program (or do not end), {} s after it \
          ended: {}; {said}. The images are unchanged: end them and what runs of the job (kill \
          -9 {}) and run criu-gpu restore again",
         adopt::SETTLE_LIMIT.as_secs(),
