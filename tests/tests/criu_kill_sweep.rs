@@ -74,7 +74,7 @@ const RESTORE: &[&str] = &[
 ];
 
 /// Instants a run samples of each workload's (KILL_SWEEP_POINTS, KILL_SWEEP_RESTORES): with
-/// ROOT_JUST_FORKED, 54 kills a workload, 216 a run, which take about 4 minutes on a 2-CPU
+/// ROOT_JUST_FORKED, 54 kills a workload, 216 a run, which take 4 to 6 minutes on a 2-CPU
 /// machine under load (docs/known-limits.md).
 const DUMP_SAMPLE: usize = 48;
 const RESTORE_SAMPLE: usize = 4;
