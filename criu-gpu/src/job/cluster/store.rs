@@ -161,29 +161,12 @@ impl Store {
             value,
             Some(PutOptions::new().with_lease(lease)),
         )]);
-        let mut c = self.client.clone();
-        let r = self
-            .rt
-            .block_on(c.txn(txn))
-            .map_err(self.err("cannot be written"))?;
-        Ok(r.succeeded())
+        self.commit(txn)
     }
 
     /// Sets `key` to `value` (no lease) if it still holds `was` (`None`: absent).
     pub fn swap(&self, key: &str, was: Option<&[u8]>, value: &[u8]) -> Result<bool, StoreError> {
-        let compare = match was {
-            Some(v) => Compare::value(key, CompareOp::Equal, v),
-            None => Compare::create_revision(key, CompareOp::Equal, 0),
-        };
-        let txn = Txn::new()
-            .when(vec![compare])
-            .and_then(vec![TxnOp::put(key, value, None)]);
-        let mut c = self.client.clone();
-        let r = self
-            .rt
-            .block_on(c.txn(txn))
-            .map_err(self.err("cannot be written"))?;
-        Ok(r.succeeded())
+        self.put_if_was(key, was, value, None)
     }
 
     /// Sets `key` to `value` under the liveness lease if it still holds `was` (`None`: absent).
@@ -193,15 +176,34 @@ impl Store {
         was: Option<&[u8]>,
         value: &[u8],
     ) -> Result<bool, StoreError> {
+        self.put_if_was(
+            key,
+            was,
+            value,
+            Some(PutOptions::new().with_lease(self.live)),
+        )
+    }
+
+    /// Puts `key` (with `options`) if it still holds `was` (`None`: absent); whether it did.
+    fn put_if_was(
+        &self,
+        key: &str,
+        was: Option<&[u8]>,
+        value: &[u8],
+        options: Option<PutOptions>,
+    ) -> Result<bool, StoreError> {
         let compare = match was {
             Some(v) => Compare::value(key, CompareOp::Equal, v),
             None => Compare::create_revision(key, CompareOp::Equal, 0),
         };
-        let txn = Txn::new().when(vec![compare]).and_then(vec![TxnOp::put(
-            key,
-            value,
-            Some(PutOptions::new().with_lease(self.live)),
-        )]);
+        let txn = Txn::new()
+            .when(vec![compare])
+            .and_then(vec![TxnOp::put(key, value, options)]);
+        self.commit(txn)
+    }
+
+    /// Runs a write transaction; whether its comparisons held.
+    fn commit(&self, txn: Txn) -> Result<bool, StoreError> {
         let mut c = self.client.clone();
         let r = self
             .rt
