@@ -224,15 +224,9 @@ pub fn criu_gpu_on(
     criu_args: &[&str],
     env: &[(&str, &str)],
 ) -> Child {
-    bed.command(node, &artifact("criu-gpu"))
-        .args(args)
-        .args(["--criu", c.bin.to_str().unwrap(), "--", "--lib"])
-        .arg(&c.plugins)
-        .args(criu_args)
-        .envs(sim.env())
-        .env_remove("LD_LIBRARY_PATH")
-        .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-        .stdin(Stdio::null())
+    let mut cmd = bed.command(node, &artifact("criu-gpu"));
+    crate::job::criu_gpu_args(&mut cmd, sim, c, args, criu_args, env);
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

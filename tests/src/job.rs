@@ -138,19 +138,30 @@ pub fn criu_gpu_with(
     criu_args: &[&str],
     env: &[(&str, &str)],
 ) -> Output {
-    let out = std::process::Command::new(artifact("criu-gpu"))
-        .args(args)
+    let mut cmd = std::process::Command::new(artifact("criu-gpu"));
+    criu_gpu_args(&mut cmd, sim, c, args, criu_args, env);
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    eprintln!("criu-gpu {args:?}:\n{}{}", stdout(&out), stderr(&out));
+    out
+}
+
+/// `criu-gpu`'s arguments and environment: `ARGS --criu CRIU -- --lib PLUGINS CRIU_ARGS`, the
+/// machine's environment (the plugin's libraries its own, not the test's LD_LIBRARY_PATH).
+pub fn criu_gpu_args<S: AsRef<std::ffi::OsStr>>(
+    cmd: &mut std::process::Command,
+    sim: &impl Machine,
+    c: &Criu,
+    args: &[S],
+    criu_args: &[&str],
+    env: &[(&str, &str)],
+) {
+    cmd.args(args)
         .args(["--criu", c.bin.to_str().unwrap(), "--", "--lib"])
         .arg(&c.plugins)
         .args(criu_args)
         .envs(sim.env())
         .env_remove("LD_LIBRARY_PATH")
-        .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    eprintln!("criu-gpu {args:?}:\n{}{}", stdout(&out), stderr(&out));
-    out
+        .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
 }
 
 pub fn text(o: &Output) -> String {

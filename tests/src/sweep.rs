@@ -168,12 +168,8 @@ impl Workload {
         let out_path = self.sim.dir.join("criu-gpu.out");
         let out_file = std::fs::File::create(&out_path).unwrap();
         let mut cmd = Command::new(artifact("criu-gpu"));
-        cmd.args(args)
-            .args(["--criu", self.criu.bin.to_str().unwrap(), "--", "--lib"])
-            .arg(&self.criu.plugins)
-            .envs(self.sim.env())
-            .env_remove("LD_LIBRARY_PATH")
-            .stdin(Stdio::null())
+        crate::job::criu_gpu_args(&mut cmd, &self.sim, &self.criu, args, &[], &[]);
+        cmd.stdin(Stdio::null())
             .stdout(out_file.try_clone().unwrap())
             .stderr(out_file);
         if let Some(k) = kill_at {
