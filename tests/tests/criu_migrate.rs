@@ -71,44 +71,16 @@ fn a_gpu_process_moves_to_node_b_and_its_gpu_while_its_pages_stream() {
 
 #[test]
 fn a_connection_cut_mid_stream_leaves_the_job_on_a_and_nothing_on_b() {
-    let mut m = Move::up("1GiB");
-    let job = m.start(
-        "n0",
-        "app",
-        &["--mib", "128", "--device", "0", "--interval-ms", "50"],
-    );
-    let map = m.device_map(&[(0, 1)]);
-    let b = m.listen(&["--device-map", &map], &[SLOW_STREAM]);
-    let a = m.send(job.root, &[], &[]);
-    assert!(
-        wait_until(Duration::from_secs(60), || m
-            .receiver_logged("GiB in place")),
-        "the stream did not start"
-    );
+    let (m, job, b, a) = a_slow_move_under_way();
     m.cable(false);
     let (a, b) = m.outcome(b, a);
     m.cable(true);
-    let (ta, tb) = (cluster::text(&a), cluster::text(&b));
-    assert!(!a.status.success(), "{ta}");
-    assert!(!b.status.success(), "{tb}");
-    assert!(ta.contains("it runs on here"), "{ta}");
+    let tb = cluster::text(&b);
     assert!(
         tb.contains("nothing of the job was left on this node"),
         "{tb}"
     );
-    // The job runs on at A, the same processes, its data whole.
-    for p in &job.pids {
-        assert!(pid_alive(*p), "{p} is gone: {ta}");
-    }
-    assert!(job.app.advances(3), "{}", job.app.tail());
-    job.app.assert_healthy();
-    // Nothing of it on B, nor on its GPU.
-    assert_eq!(m.strangers(&job), Vec::<i32>::new());
-    assert!(
-        wait_until(Duration::from_secs(10), || m.used(1) == 0),
-        "{:?}",
-        m.sim.gpus()
-    );
+    assert_left_on_a(&m, &job, &a, &b);
 }
 
 #[test]
@@ -146,6 +118,16 @@ fn b_without_room_on_its_gpu_refuses_before_a_freezes_anything() {
 
 #[test]
 fn b_s_criu_killed_mid_stream_a_resumes_and_b_keeps_nothing() {
+    let (m, job, b, a) = a_slow_move_under_way();
+    let criu = m.receiver_criu().expect("node B's criu restore runs");
+    signal(criu, nix::sys::signal::Signal::SIGKILL);
+    let (a, b) = m.outcome(b, a);
+    assert_left_on_a(&m, &job, &a, &b);
+}
+
+/// A process of 128 MiB on node A's GPU 0 moving to GPU 1 of node B, its pages streaming
+/// slowly (SLOW_STREAM): returns once B has the first of them in place.
+fn a_slow_move_under_way() -> (Move, Moving, std::process::Child, std::process::Child) {
     let mut m = Move::up("1GiB");
     let job = m.start(
         "n0",
@@ -160,10 +142,13 @@ fn b_s_criu_killed_mid_stream_a_resumes_and_b_keeps_nothing() {
             .receiver_logged("GiB in place")),
         "the stream did not start"
     );
-    let criu = m.receiver_criu().expect("node B's criu restore runs");
-    signal(criu, nix::sys::signal::Signal::SIGKILL);
-    let (a, b) = m.outcome(b, a);
-    let (ta, tb) = (cluster::text(&a), cluster::text(&b));
+    (m, job, b, a)
+}
+
+/// A failed move: both sides say so, the job runs on at A (the same processes, its data whole),
+/// and nothing of it is on B, nor on B's GPU.
+fn assert_left_on_a(m: &Move, job: &Moving, a: &std::process::Output, b: &std::process::Output) {
+    let (ta, tb) = (cluster::text(a), cluster::text(b));
     assert!(!a.status.success(), "{ta}");
     assert!(!b.status.success(), "{tb}");
     assert!(ta.contains("it runs on here"), "{ta}");
@@ -172,7 +157,7 @@ fn b_s_criu_killed_mid_stream_a_resumes_and_b_keeps_nothing() {
     }
     assert!(job.app.advances(3), "{}", job.app.tail());
     job.app.assert_healthy();
-    assert_eq!(m.strangers(&job), Vec::<i32>::new());
+    assert_eq!(m.strangers(job), Vec::<i32>::new());
     assert!(
         wait_until(Duration::from_secs(10), || m.used(1) == 0),
         "{:?}",
