@@ -41,10 +41,15 @@ now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 since() { elapsed "$1"; }
 
-# wait_for FILE REGEX SECONDS: waits until a line of FILE matches.
+# wait_for FILE REGEX SECONDS [PID]: waits until a line of FILE matches; with PID, only while
+# that process lives (a writer that died will not write it).
 wait_for() {
-	local file=$1 re=$2 limit=$3 t=0
+	local file=$1 re=$2 limit=$3 pid=${4:-} t=0
 	while ! grep -qE "$re" "$file" 2>/dev/null; do
+		if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+			say "process $pid ended before /$re/ in $file"
+			return 1
+		fi
 		sleep 0.2
 		t=$((t + 1))
 		if [ $t -ge $((limit * 5)) ]; then

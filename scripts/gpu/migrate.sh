@@ -127,25 +127,15 @@ start_proc() {
 			--mib "$(awk -v g="$GIB" 'BEGIN { print int(g * 1024) }')" --interval-ms 50 --log "$STATUS" \
 			</dev/null >/dev/null 2>&1 &
 		holder=$!
-		wait_line "$STATUS" '^step=' 120 "$holder" || return 1
+		wait_for "$STATUS" '^step=' 120 "$holder" || return 1
 	else
 		"$NETBED" exec "$BED" n0 -- env CUDA_VISIBLE_DEVICES=0 unshare --pid --fork setsid "$W/gpu-app" "$GIB" 7 "$STATUS" \
 			</dev/null >"$STATUS.out" 2>&1 &
 		holder=$!
-		wait_line "$STATUS" '^ready' 300 "$holder" || return 1
+		wait_for "$STATUS" '^ready' 300 "$holder" || return 1
 	fi
 	APP=$(pgrep -P "$holder")
 	[ -n "$APP" ] && log "$1: pid $APP ready in $(since "$t0") s"
-}
-# wait_line FILE PATTERN SECONDS [PID]: a line of FILE matches, within SECONDS, while PID lives
-wait_line() {
-	local t=0
-	until grep -qE "$2" "$1" 2>/dev/null; do
-		t=$((t + 1))
-		[ $t -ge $(($3 * 10)) ] && return 1
-		[ -z "${4:-}" ] || kill -0 "$4" 2>/dev/null || return 1
-		sleep 0.1
-	done
 }
 # verify PID: the process checks every word of its data (sim: three more verified steps)
 verify() {
