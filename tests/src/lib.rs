@@ -416,18 +416,21 @@ impl Sim {
     }
 }
 
+/// SIGKILLs every process of each tree: read whole before any is killed (a dead parent's
+/// children are no longer its children).
+pub fn kill_trees(roots: &[i32]) {
+    let all: Vec<i32> = roots
+        .iter()
+        .flat_map(|&pid| cuda_checkpoint_ctl::process::tree(pid))
+        .collect();
+    for pid in all {
+        signal(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
 impl Drop for Sim {
     fn drop(&mut self) {
-        // Every process of each tree, read before any is killed (a dead parent's children
-        // are no longer its children).
-        let all: Vec<i32> = self
-            .apps
-            .iter()
-            .flat_map(|&pid| cuda_checkpoint_ctl::process::tree(pid))
-            .collect();
-        for pid in all {
-            signal(pid, nix::sys::signal::Signal::SIGKILL);
-        }
+        kill_trees(&self.apps);
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
         if std::env::var_os("KEEP_TEST_DIRS").is_none() {

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-use crate::{signal, Machine};
+use crate::{kill_trees, Machine};
 
 /// The environment variable naming the repository whose CUDA sources are built (default: the
 /// tree the test binary was built from).
@@ -63,14 +63,7 @@ impl Machine for Nvidia {
 
 impl Drop for Nvidia {
     fn drop(&mut self) {
-        let all: Vec<i32> = self
-            .apps
-            .iter()
-            .flat_map(|&pid| cuda_checkpoint_ctl::process::tree(pid))
-            .collect();
-        for pid in all {
-            signal(pid, nix::sys::signal::Signal::SIGKILL);
-        }
+        kill_trees(&self.apps);
         if std::env::var_os("KEEP_TEST_DIRS").is_none() {
             let _ = fs::remove_dir_all(&self.dir);
         }
