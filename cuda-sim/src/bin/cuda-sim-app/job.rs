@@ -116,13 +116,7 @@ impl Plan {
         };
         let table = read_table(&mut store, total)?;
         let next = table[(global + 1) % total];
-        bootstrap(&ring, &next.to_string(), global)?;
-        let next = connect(&next.to_string())?;
-        let prev = ring.accept()?.0;
-        listeners.push(ring);
-        for s in [&next, &prev] {
-            s.set_read_timeout(Some(Duration::from_secs(600)))?;
-        }
+        let (next, prev) = join_ring(ring, &next.to_string(), global, &mut listeners)?;
         Ok(Rank {
             rank,
             ranks: n,
@@ -163,13 +157,8 @@ impl Plan {
             None => Vec::new(),
         };
         let next_port = wait_port(&self.file, (rank + 1) % n)?;
-        bootstrap(&ring, &format!("127.0.0.1:{next_port}"), rank)?;
-        let next = connect(&format!("127.0.0.1:{next_port}"))?;
-        let prev = ring.accept()?.0;
-        listeners.push(ring);
-        for s in [&next, &prev] {
-            s.set_read_timeout(Some(Duration::from_secs(600)))?;
-        }
+        let next = format!("127.0.0.1:{next_port}");
+        let (next, prev) = join_ring(ring, &next, rank, &mut listeners)?;
         Ok(Rank {
             rank,
             ranks: n,
@@ -212,6 +201,24 @@ fn listen_without_reuseaddr(ip: std::net::Ipv4Addr) -> Result<TcpListener> {
     net::bind(&fd, &std::net::SocketAddrV4::new(ip, 0))?;
     net::listen(&fd, 16)?;
     Ok(TcpListener::from(fd))
+}
+
+/// The ring's two connections of rank `rank` (global): to the next rank at `next`, from the
+/// one before, once the ring is bootstrapped; its listener is kept in `listeners`.
+fn join_ring(
+    ring: TcpListener,
+    next: &str,
+    rank: usize,
+    listeners: &mut Vec<TcpListener>,
+) -> Result<(TcpStream, TcpStream)> {
+    bootstrap(&ring, next, rank)?;
+    let next = connect(next)?;
+    let prev = ring.accept()?.0;
+    listeners.push(ring);
+    for s in [&next, &prev] {
+        s.set_read_timeout(Some(Duration::from_secs(600)))?;
+    }
+    Ok((next, prev))
 }
 
 /// NCCL's bootstrap in small: a connection to the next rank that tells it who we are, and one
