@@ -321,8 +321,8 @@ fn gpus(opts: &Options) -> (Vec<Finding>, u64) {
 /// Whether host memory can take the device memory of the GPU processes running now, which their
 /// checkpoint copies there all at once (the rule the plugin and `criu-gpu dump` apply).
 fn host_memory(inv: &cuda_checkpoint_ctl::inventory::Inventory) -> Finding {
-    use cuda_checkpoint_ctl::process::{self, memory::Room};
-    use cuda_checkpoint_ctl::refusal::{self, DeviceMemory};
+    use process_facts::process::{self, memory::Room};
+    use process_facts::refusal::{self, DeviceMemory};
     let mut processes: Vec<DeviceMemory> = Vec::new();
     for u in &inv.processes {
         let bytes = u.memory.unwrap_or(0);

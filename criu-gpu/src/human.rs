@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-pub use cuda_checkpoint_ctl::units::{bytes, gbps};
+pub use process_facts::units::{bytes, gbps};
 
 pub fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())

@@ -157,7 +157,7 @@ pub fn gpu_lines(gpu: &Inspection) -> Vec<String> {
                 .iter()
                 .map(|u| match u.memory {
                     Some(m) => {
-                        format!("{} ({:.2} GiB)", u.uuid, cuda_checkpoint_ctl::units::gib(m))
+                        format!("{} ({:.2} GiB)", u.uuid, process_facts::units::gib(m))
                     }
                     None => u.uuid.clone(),
                 })

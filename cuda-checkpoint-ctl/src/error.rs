@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::driver::{Call, CudaError, LoadError, ParseError, ProcessState};
 use crate::placement::PlacementError;
-use crate::process::Hold;
+use process_facts::process::Hold;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -14,13 +14,13 @@ pub enum Error {
         .0.what(),
         .0.fix("pass --no-nccl-check")
     )]
-    Refused(crate::refusal::Refusal),
+    Refused(process_facts::refusal::Refusal),
     #[error(transparent)]
     Driver(#[from] LoadError),
     #[error(transparent)]
     Cuda(#[from] CudaError),
     #[error(transparent)]
-    Select(#[from] crate::process::SelectError),
+    Select(#[from] process_facts::process::SelectError),
     #[error("process {pid} holds no CUDA state ({reason})")]
     NotCuda { pid: i32, reason: String },
     #[error(transparent)]
@@ -256,9 +256,9 @@ mod tests {
                 && traced.contains("detach"),
             "{traced}"
         );
-        let frozen = held(Hold::Frozen(crate::process::Freezer {
+        let frozen = held(Hold::Frozen(process_facts::process::Freezer {
             cgroup: "/sys/fs/cgroup/pod".into(),
-            version: crate::process::CgroupVersion::V2,
+            version: process_facts::process::CgroupVersion::V2,
         }));
         assert!(
             frozen.contains("in the frozen cgroup /sys/fs/cgroup/pod")

@@ -20,11 +20,7 @@
 pub mod driver;
 pub mod error;
 pub mod inventory;
-pub mod nccl;
 pub mod ops;
 pub mod placement;
-pub mod process;
-pub mod refusal;
-pub mod units;
 
 pub use error::{Error, Result};

@@ -156,7 +156,7 @@ pub enum PlacementError {
     NotOneToOne(crate::driver::ParseError),
 }
 
-use crate::units::in_gib as gib;
+use process_facts::units::in_gib as gib;
 
 fn uuids(gpus: &[GpuUuid]) -> String {
     gpus.iter()

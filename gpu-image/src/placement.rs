@@ -32,7 +32,7 @@ impl Plan {
     }
 }
 
-use cuda_checkpoint_ctl::units::in_gib as gib;
+use process_facts::units::in_gib as gib;
 
 fn describe(gpus: &[Gpu]) -> String {
     gpus.iter()

@@ -209,7 +209,7 @@ pub fn start_job_wrapped(
             "{}",
             r.tail()
         );
-        p.pids = cuda_checkpoint_ctl::process::tree(p.root);
+        p.pids = process_facts::process::tree(p.root);
     }
     parts
 }

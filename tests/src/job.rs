@@ -88,7 +88,7 @@ pub fn start_job_with(
             r.tail()
         );
     }
-    let pids = cuda_checkpoint_ctl::process::tree(root);
+    let pids = process_facts::process::tree(root);
     Job {
         root,
         pids,

@@ -421,7 +421,7 @@ impl Sim {
 pub fn kill_trees(roots: &[i32]) {
     let all: Vec<i32> = roots
         .iter()
-        .flat_map(|&pid| cuda_checkpoint_ctl::process::tree(pid))
+        .flat_map(|&pid| process_facts::process::tree(pid))
         .collect();
     for pid in all {
         signal(pid, nix::sys::signal::Signal::SIGKILL);

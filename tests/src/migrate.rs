@@ -88,11 +88,11 @@ impl Move {
             "{name} did not start: {}",
             app.tail()
         );
-        let root = cuda_checkpoint_ctl::process::children(holder)[0];
+        let root = process_facts::process::children(holder)[0];
         Moving {
             holder,
             root,
-            pids: cuda_checkpoint_ctl::process::tree(root),
+            pids: process_facts::process::tree(root),
             app: App { pid: root, ..app },
         }
     }
@@ -166,14 +166,14 @@ impl Move {
     pub fn strangers(&self, job: &Moving) -> Vec<i32> {
         let want = job.app.log.display().to_string();
         let want = want.split(".rank").next().unwrap_or(&want).to_owned();
-        cuda_checkpoint_ctl::process::all_pids()
+        process_facts::process::all_pids()
             .into_iter()
             .filter(|p| !job.pids.contains(p) && *p != job.holder)
             .filter(|p| {
                 std::fs::read(format!("/proc/{p}/cmdline"))
                     .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&want))
             })
-            .filter(|p| !cuda_checkpoint_ctl::process::is_zombie(*p))
+            .filter(|p| !process_facts::process::is_zombie(*p))
             .collect()
     }
 
@@ -190,17 +190,15 @@ impl Move {
     /// The pid of node B's `criu restore`.
     pub fn receiver_criu(&self) -> Option<i32> {
         let dir = self.into.display().to_string();
-        cuda_checkpoint_ctl::process::all_pids()
-            .into_iter()
-            .find(|p| {
-                let Ok(c) = std::fs::read_to_string(format!("/proc/{p}/cmdline")) else {
-                    return false;
-                };
-                let args: Vec<&str> = c.split('\0').collect();
-                args.first().is_some_and(|a| a.ends_with("criu"))
-                    && args.get(1) == Some(&"restore")
-                    && args.windows(2).any(|w| w == ["-D", dir.as_str()])
-            })
+        process_facts::process::all_pids().into_iter().find(|p| {
+            let Ok(c) = std::fs::read_to_string(format!("/proc/{p}/cmdline")) else {
+                return false;
+            };
+            let args: Vec<&str> = c.split('\0').collect();
+            args.first().is_some_and(|a| a.ends_with("criu"))
+                && args.get(1) == Some(&"restore")
+                && args.windows(2).any(|w| w == ["-D", dir.as_str()])
+        })
     }
 
     /// `netbed link n1 up|down`: node B's cable.

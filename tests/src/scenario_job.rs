@@ -90,7 +90,7 @@ impl Host {
         }
         Job {
             root,
-            pids: cuda_checkpoint_ctl::process::tree(root),
+            pids: process_facts::process::tree(root),
             ranks,
             log,
         }

@@ -108,7 +108,7 @@ impl Workload {
                 (t.app.pid, Vec::new(), Some(t))
             }
         };
-        let pids = cuda_checkpoint_ctl::process::tree(root);
+        let pids = process_facts::process::tree(root);
         let fds = pids.iter().map(|p| fds_of(*p)).collect();
         Workload {
             kind,

@@ -32,7 +32,7 @@ fn gpu_children(root: &App, n: usize) -> Vec<i32> {
             "child {i} did not start"
         );
     }
-    let kids = cuda_checkpoint_ctl::process::children(root.pid);
+    let kids = process_facts::process::children(root.pid);
     assert_eq!(kids.len(), n, "{kids:?}");
     kids
 }

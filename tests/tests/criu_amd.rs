@@ -242,7 +242,7 @@ fn a_tree_with_cuda_and_rocm_processes_is_dumped_and_restored() {
     assert!(wait_until(std::time::Duration::from_secs(20), || apps
         .iter()
         .all(|a| a.steps() > 0)));
-    let tree = cuda_checkpoint_ctl::process::tree(root);
+    let tree = process_facts::process::tree(root);
     assert_eq!(tree.len(), 3);
     let images = cuda.dir.join("img");
     assert_ok(&c.dump(&both, root, &images, &[], &[]), &images, "dump.log");

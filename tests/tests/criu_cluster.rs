@@ -76,15 +76,12 @@ fn a_job_on_two_nodes_is_dumped_and_restored_as_one_and_goes_on() {
 /// The pid of the `criu dump` writing into `dir`.
 fn criu_of(dir: &std::path::Path) -> Option<i32> {
     let want = dir.display().to_string();
-    cuda_checkpoint_ctl::process::all_pids()
-        .into_iter()
-        .find(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
-                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
-                args.first().is_some_and(|a| a.ends_with(b"criu"))
-                    && args.contains(&want.as_bytes())
-            })
+    process_facts::process::all_pids().into_iter().find(|p| {
+        std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+            args.first().is_some_and(|a| a.ends_with(b"criu")) && args.contains(&want.as_bytes())
         })
+    })
 }
 
 fn log_has(path: &std::path::Path, what: &str) -> bool {

@@ -120,7 +120,7 @@ impl Dumped {
 /// The established TCP connections of the restored tree rooted at `root` (in its node's
 /// namespace), as (local, remote).
 fn connections(root: i32) -> Vec<(std::net::SocketAddr, std::net::SocketAddr)> {
-    use cuda_checkpoint_ctl::process::{self, TcpState};
+    use process_facts::process::{self, TcpState};
     process::tcp_sockets(root)
         .into_iter()
         .filter(|s| s.state == TcpState::Established)

@@ -126,7 +126,7 @@ fn start_mpi_job(sim: &mut Sim, bed: &Bed) -> (Vec<i32>, Vec<App>) {
         );
     }
     // Node 1's part: the session rshd started for orted.
-    let session = cuda_checkpoint_ctl::process::children(rshd)
+    let session = process_facts::process::children(rshd)
         .into_iter()
         .next()
         .expect("the session of orted on node 1");
@@ -146,7 +146,7 @@ fn an_open_mpi_job_on_two_nodes_is_dumped_and_restored_as_one() {
     let (roots, ranks) = start_mpi_job(&mut sim, &bed);
     let trees: Vec<Vec<i32>> = roots
         .iter()
-        .map(|r| cuda_checkpoint_ctl::process::tree(*r))
+        .map(|r| process_facts::process::tree(*r))
         .collect();
     let rdzv = rdzv(&etcd, "mpi");
     let dirs: Vec<PathBuf> = (0..2).map(|r| sim.dir.join(format!("part{r}"))).collect();

@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 
 /// Dumps `app` (killing it), waits for its pids to be free, restores it.
 fn dump_kill_restore(sim: &mut Sim, c: &Criu, app: &App, images: &std::path::Path) {
-    let tree = cuda_checkpoint_ctl::process::tree(app.pid);
+    let tree = process_facts::process::tree(app.pid);
     let out = c.dump(sim, app.pid, images, &[], &[]);
     assert_ok(&out, images, "dump.log");
     for pid in &tree {
@@ -447,7 +447,7 @@ fn processes_without_cuda_dump_and_restore_as_if_the_plugin_were_absent() {
     let root = sim.app("plain", &["--plain", "--plain-children", "1"]);
     let images = sim.dir.join("img");
     let env = [("CUDA_CKPT_LIBCUDA", "/nonexistent/libcuda.so.1")];
-    let tree = cuda_checkpoint_ctl::process::tree(root.pid);
+    let tree = process_facts::process::tree(root.pid);
     assert_eq!(tree.len(), 2);
     let out = c.dump(&sim, root.pid, &images, &[], &env);
     assert_ok(&out, &images, "dump.log");
@@ -541,10 +541,10 @@ fn an_io_uring_in_a_cuda_tree_is_refused_before_any_lock_on_stock_criu() {
         app.tail()
     );
     sim.adopt(app.pid);
-    let holder = cuda_checkpoint_ctl::process::children(app.pid);
+    let holder = process_facts::process::children(app.pid);
     assert_eq!(holder.len(), 1, "{holder:?}");
     assert!(wait_until(Duration::from_secs(5), || {
-        cuda_checkpoint_ctl::process::io_uring(holder[0]).is_ok_and(|u| u.is_some())
+        process_facts::process::io_uring(holder[0]).is_ok_and(|u| u.is_some())
     }));
     let images = sim.dir.join("img");
     let dump_log = failed_dump(&sim, &c, app.pid, &images, &[]);

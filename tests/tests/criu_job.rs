@@ -181,13 +181,13 @@ fn a_restore_whose_listening_port_is_taken_is_refused_naming_the_holder_and_then
     let inodes: Vec<u64> = job
         .pids
         .iter()
-        .flat_map(|p| cuda_checkpoint_ctl::process::socket_inodes(*p))
+        .flat_map(|p| process_facts::process::socket_inodes(*p))
         .collect();
-    let store = cuda_checkpoint_ctl::process::tcp_sockets(job.root)
+    let store = process_facts::process::tcp_sockets(job.root)
         .into_iter()
         .find(|s| {
             inodes.contains(&s.inode)
-                && s.state == cuda_checkpoint_ctl::process::TcpState::Listen
+                && s.state == process_facts::process::TcpState::Listen
                 && s.local.ip().is_unspecified()
         })
         .expect("the store's listener")
@@ -345,7 +345,7 @@ fn a_log_opened_for_appending_is_rolled_back_with_its_snapshot() {
         "{}",
         gpu.tail()
     );
-    let pids = cuda_checkpoint_ctl::process::tree(root);
+    let pids = process_facts::process::tree(root);
     assert_eq!(pids.len(), 2, "the writer and its GPU process: {pids:?}");
     pids.iter().for_each(|p| sim.adopt(*p));
 
@@ -659,7 +659,7 @@ fn every_kind_of_file_lock_the_job_holds_is_dumped_and_restored() {
             gpu.tail()
         );
         assert!(fdinfo_locks(root) > 0, "{kind}: the lock is held");
-        let pids = cuda_checkpoint_ctl::process::tree(root);
+        let pids = process_facts::process::tree(root);
         pids.iter().for_each(|p| sim.adopt(*p));
         let images = dir_of(&sim, &format!("img-{kind}"));
         let out = criu_gpu(
@@ -689,7 +689,7 @@ fn every_kind_of_file_lock_the_job_holds_is_dumped_and_restored() {
 /// go on there. A CRIU without UPDATE_INETSK (stock 4.2.1) is refused first, naming the fix.
 #[test]
 fn a_restore_with_an_address_map_moves_the_jobs_connections() {
-    use cuda_checkpoint_ctl::process::{tcp_sockets, TcpState};
+    use process_facts::process::{tcp_sockets, TcpState};
     let mut sim = Sim::start();
     let c = Criu::new(&sim);
     let job = start_job(&mut sim, None, 2, &NCCL_SOCKETS_ONLY);
@@ -721,7 +721,7 @@ fn a_restore_with_an_address_map_moves_the_jobs_connections() {
     let inodes: Vec<u64> = job
         .pids
         .iter()
-        .flat_map(|p| cuda_checkpoint_ctl::process::socket_inodes(*p))
+        .flat_map(|p| process_facts::process::socket_inodes(*p))
         .collect();
     let moved: Vec<_> = tcp_sockets(job.root)
         .into_iter()

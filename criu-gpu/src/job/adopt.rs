@@ -7,10 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cuda_checkpoint_ctl::process;
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
+use process_facts::process;
 
 /// How long CRIU's forks may take to end once CRIU is gone: the guardian's kills (it gives up
 /// after 60 s), the project's CRIU's helper putting the last deferred pages in place (CRIU

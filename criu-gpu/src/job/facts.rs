@@ -5,8 +5,8 @@
 
 use std::net::SocketAddr;
 
-use cuda_checkpoint_ctl::process::memory::Room;
-use cuda_checkpoint_ctl::process::{self, IoUring, TcpSocket, TcpState, Unlinked};
+use process_facts::process::memory::Room;
+use process_facts::process::{self, IoUring, TcpSocket, TcpState, Unlinked};
 
 /// One process of the job.
 #[derive(Debug, Clone)]

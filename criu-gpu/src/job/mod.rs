@@ -20,7 +20,7 @@ mod signals;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cuda_checkpoint_ctl::process::{self, TcpState};
+use process_facts::process::{self, TcpState};
 use serde::Serialize;
 
 use self::facts::JobFacts;
@@ -459,11 +459,11 @@ fn file_problems(dir: &Path, truncate: bool, plan: &mut Plan) {
 
 /// What the CRIU at `criu` does with io_uring rings: the project's CRIU answers `criu check
 /// --feature io_uring` (patch 0008); stock CRIU knows no such feature.
-fn ring_support(criu: &Path) -> cuda_checkpoint_ctl::refusal::RingSupport {
+fn ring_support(criu: &Path) -> process_facts::refusal::RingSupport {
     if criu_bin::has_feature(criu, "io_uring") {
-        cuda_checkpoint_ctl::refusal::RingSupport::Idle
+        process_facts::refusal::RingSupport::Idle
     } else {
-        cuda_checkpoint_ctl::refusal::RingSupport::None
+        process_facts::refusal::RingSupport::None
     }
 }
 

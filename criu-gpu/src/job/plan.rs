@@ -2,8 +2,8 @@
 //! need, each with the reason, and the problems that must be fixed before anything is frozen,
 //! each with its fix.
 
-use cuda_checkpoint_ctl::nccl;
-use cuda_checkpoint_ctl::refusal::{self, DeviceMemory, Refusal, RingSupport};
+use process_facts::nccl;
+use process_facts::refusal::{self, DeviceMemory, Refusal, RingSupport};
 use serde::Serialize;
 
 use super::facts::JobFacts;
@@ -76,7 +76,7 @@ impl Plan {
         p
     }
 
-    /// The rule set's refusals (`cuda_checkpoint_ctl::refusal`), as problems.
+    /// The rule set's refusals (`process_facts::refusal`), as problems.
     fn refuse(&mut self, r: Refusal) {
         self.problems.push(Problem {
             what: r.what(),
@@ -218,8 +218,8 @@ impl Plan {
 mod tests {
     use super::*;
     use crate::job::facts::Member;
-    use cuda_checkpoint_ctl::process::memory::Room;
-    use cuda_checkpoint_ctl::process::Unlinked;
+    use process_facts::process::memory::Room;
+    use process_facts::process::Unlinked;
 
     fn job(unlinked: u64, shell: bool) -> JobFacts {
         JobFacts {

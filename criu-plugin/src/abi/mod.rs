@@ -158,11 +158,11 @@ impl Host for CriuHost {
     fn defer_pages(&self, pid: i32, range: std::ops::Range<u64>) -> Option<bool> {
         criu::defer_pages(pid, range)
     }
-    fn ring_support(&self) -> cuda_checkpoint_ctl::refusal::RingSupport {
+    fn ring_support(&self) -> process_facts::refusal::RingSupport {
         if criu::dumps_io_uring() {
-            cuda_checkpoint_ctl::refusal::RingSupport::Idle
+            process_facts::refusal::RingSupport::Idle
         } else {
-            cuda_checkpoint_ctl::refusal::RingSupport::None
+            process_facts::refusal::RingSupport::None
         }
     }
 }

@@ -41,7 +41,7 @@ fn sigmask(tid: i32, request: libc::c_uint, mask: &mut u64) -> Result<(), String
 }
 
 fn traced_by_me(tid: i32) -> bool {
-    cuda_checkpoint_ctl::process::tracer(tid) == Some(std::process::id() as i32)
+    process_facts::process::tracer(tid) == Some(std::process::id() as i32)
 }
 
 fn is_job_control_stop(sig: Signal) -> bool {

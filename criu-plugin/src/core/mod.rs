@@ -118,8 +118,8 @@ pub trait Host {
         None
     }
     /// What this CRIU does with io_uring rings (the project's CRIU: patch 0008).
-    fn ring_support(&self) -> cuda_checkpoint_ctl::refusal::RingSupport {
-        cuda_checkpoint_ctl::refusal::RingSupport::None
+    fn ring_support(&self) -> process_facts::refusal::RingSupport {
+        process_facts::refusal::RingSupport::None
     }
 }
 

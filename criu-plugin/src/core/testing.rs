@@ -58,7 +58,7 @@ pub struct FakeHost {
     /// What `defer_pages` was asked (`None`: a CRIU that cannot, like stock CRIU).
     pub deferred: Option<Mutex<Vec<Deferred>>>,
     /// What this CRIU does with io_uring rings.
-    pub rings: cuda_checkpoint_ctl::refusal::RingSupport,
+    pub rings: process_facts::refusal::RingSupport,
 }
 
 impl FakeHost {
@@ -73,7 +73,7 @@ impl FakeHost {
             root: None,
             seize_left: Some(Duration::from_secs(10)),
             deferred: Some(Mutex::new(Vec::new())),
-            rings: cuda_checkpoint_ctl::refusal::RingSupport::None,
+            rings: process_facts::refusal::RingSupport::None,
         }
     }
 }
@@ -108,7 +108,7 @@ impl Host for FakeHost {
     fn threads(&self) -> &dyn ThreadControl {
         &self.threads
     }
-    fn ring_support(&self) -> cuda_checkpoint_ctl::refusal::RingSupport {
+    fn ring_support(&self) -> process_facts::refusal::RingSupport {
         self.rings
     }
     fn defer_pages(&self, pid: i32, range: Range<u64>) -> Option<bool> {

@@ -62,7 +62,7 @@ fn seize(pid: i32) -> Result<Seized, String> {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
-                let tracer = cuda_checkpoint_ctl::process::tracer(pid).filter(|t| *t != 0);
+                let tracer = process_facts::process::tracer(pid).filter(|t| *t != 0);
                 return Err(match tracer {
                     Some(t) => format!(
                         "it is traced by process {t}, and amdkfd takes the call only from the \

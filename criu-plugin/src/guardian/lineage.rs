@@ -20,7 +20,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cuda_checkpoint_ctl::process;
+use process_facts::process;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::net::netlink::{self, SocketAddrNetlink};
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};

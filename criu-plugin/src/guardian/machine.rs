@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use cuda_checkpoint_ctl::driver::{CudaError, DeviceMap, Driver, DriverInfo, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
-use cuda_checkpoint_ctl::process;
+use process_facts::process;
 
 use super::agent::{GpuDriver, Machine, Unpaused};
 use super::lineage::Lineage;

@@ -7,11 +7,11 @@ use serde_json::json;
 
 use cuda_checkpoint_ctl::driver::{Driver, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
-use cuda_checkpoint_ctl::nccl;
 use cuda_checkpoint_ctl::ops::{self, CudaProcess, Goal, Options, Outcome, Survey};
-use cuda_checkpoint_ctl::process::{self, Selector};
-use cuda_checkpoint_ctl::refusal;
 use cuda_checkpoint_ctl::Error;
+use process_facts::nccl;
+use process_facts::process::{self, Selector};
+use process_facts::refusal;
 
 use super::args::{Args, LIST_WAIT_S};
 use super::{print, EXIT_FAILURE};

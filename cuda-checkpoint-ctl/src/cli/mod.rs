@@ -15,8 +15,8 @@ use cuda_checkpoint_ctl::driver::{code, Call, DeviceMap, Driver};
 use cuda_checkpoint_ctl::inventory::Inventory;
 use cuda_checkpoint_ctl::ops::{self, Goal, Options};
 use cuda_checkpoint_ctl::placement::{self, Request};
-use cuda_checkpoint_ctl::process::Selector;
 use cuda_checkpoint_ctl::Error;
+use process_facts::process::Selector;
 
 use self::args::{Args, DEFAULT_WAIT_S};
 

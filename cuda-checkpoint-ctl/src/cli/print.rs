@@ -27,9 +27,9 @@ pub fn json_error(text: &str) {
     json(&serde_json::json!({ "error": text }));
 }
 
-/// A size for the tables (`cuda_checkpoint_ctl::units`).
+/// A size for the tables (`process_facts::units`).
 pub fn human(bytes: u64) -> String {
-    cuda_checkpoint_ctl::units::bytes(bytes)
+    process_facts::units::bytes(bytes)
 }
 
 #[cfg(test)]

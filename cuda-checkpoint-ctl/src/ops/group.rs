@@ -8,7 +8,7 @@ use crate::driver::{Driver, ProcessState};
 use crate::error::Error;
 use crate::ops::rounds::{self, Attempt, Jitter, Locker, RoundsError};
 use crate::ops::{apply, in_parallel, recover, Goal, Options, Outcome, Target, Timings};
-use crate::process;
+use process_facts::process;
 
 /// How long the rounds may take when no --timeout is given.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(30);

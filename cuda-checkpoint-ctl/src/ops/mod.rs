@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::driver::{Call, CudaError, DeviceMap, Driver, ProcessState};
 use crate::error::{Error, Result};
-use crate::process::{self, Inspection};
+use process_facts::process::{self, Inspection};
 
 pub use self::target::Target;
 

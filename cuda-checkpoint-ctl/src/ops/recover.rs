@@ -12,7 +12,7 @@ use crate::driver::{code, Call, DeviceMap, ProcessState};
 use crate::error::{Error, Result};
 use crate::ops::target::Target;
 use crate::ops::Timings;
-use crate::process;
+use process_facts::process;
 
 /// How many times another controller may change the state under us before we give up.
 const RACES: usize = 5;

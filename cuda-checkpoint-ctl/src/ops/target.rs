@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::driver::{Call, CudaError, DeviceMap, Driver, Pending, ProcessState};
 use crate::error::{Error, Result};
 use crate::ops::Timings;
-use crate::process::{self, Hold};
+use process_facts::process::{self, Hold};
 
 /// How long a process must stay held during a call before the call is given up on: a Ctrl-Z
 /// followed by `fg` is not a reason to give up; a process left stopped is.

@@ -46,7 +46,7 @@ fn wait_locked(images: &Path) {
 
 /// The CRIU that criu-gpu `parent` runs.
 fn criu_of(parent: i32) -> i32 {
-    cuda_checkpoint_ctl::process::tree(parent)
+    process_facts::process::tree(parent)
         .into_iter()
         .find(|p| {
             fs::read_to_string(format!("/proc/{p}/comm"))

@@ -39,7 +39,7 @@ pub fn dump_kill_restore(
     images: &Path,
     env: &[(&str, &str)],
 ) {
-    let tree = cuda_checkpoint_ctl::process::tree(root);
+    let tree = process_facts::process::tree(root);
     assert_ok(&c.dump(host, root, images, &[], env), images, "dump.log");
     for pid in &tree {
         wait_gone(*pid);

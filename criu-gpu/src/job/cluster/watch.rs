@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cuda_checkpoint_ctl::process;
+use process_facts::process;
 
 use super::op::Op;
 use crate::job::facts::JobFacts;

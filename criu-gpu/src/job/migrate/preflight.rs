@@ -7,7 +7,7 @@ use std::path::Path;
 
 use cuda_checkpoint_ctl::inventory::{Gpu, GpuUsage, Inventory};
 use cuda_checkpoint_ctl::placement::{self, Request};
-use cuda_checkpoint_ctl::process;
+use process_facts::process;
 use serde::{Deserialize, Serialize};
 
 use crate::job::facts::JobFacts;

@@ -111,7 +111,7 @@ pub fn receive(
 /// After a failed restore: kills what CRIU left of the tree (a CRIU that was killed leaves its
 /// restored tasks to this process, its subreaper; one that failed killed them itself).
 fn leave_nothing(adopted: bool) {
-    use cuda_checkpoint_ctl::process;
+    use process_facts::process;
     let me = std::process::id() as i32;
     let left: Vec<i32> = process::children(me)
         .into_iter()

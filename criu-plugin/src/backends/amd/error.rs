@@ -20,7 +20,7 @@ impl Who {
     pub fn of(pid: i32) -> Who {
         Who {
             pid,
-            comm: cuda_checkpoint_ctl::process::name(pid),
+            comm: process_facts::process::name(pid),
         }
     }
 }

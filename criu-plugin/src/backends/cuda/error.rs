@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cuda_checkpoint_ctl::driver::ProcessState;
 use cuda_checkpoint_ctl::ops::rounds;
-use cuda_checkpoint_ctl::refusal::Refusal;
+use process_facts::refusal::Refusal;
 
 use crate::guardian::proto::DriverFailure;
 

@@ -24,7 +24,7 @@ use crate::guardian::{Guardian, GuardianError};
 /// Starts the guardian of a command: the C edge forks it from CRIU; tests run one on a thread.
 pub type SpawnGuardian = Arc<dyn Fn(Watch) -> Result<Guardian, GuardianError> + Send + Sync>;
 
-use cuda_checkpoint_ctl::units::gib;
+use process_facts::units::gib;
 
 /// How long a GPU checkpoint or restore of `bytes` (all processes together) may take before the
 /// plugin gives up on it: CRIU_GPU_ACTION_TIMEOUT_S, else a generous bound from the size (the

@@ -1,11 +1,11 @@
-//! What the CUDA backend reads of processes (through `cuda_checkpoint_ctl::process`, the one
+//! What the CUDA backend reads of processes (through `process_facts::process`, the one
 //! place that reads /proc), behind a trait so its decisions can be tested without processes.
 
 use std::ops::Range;
 
-use cuda_checkpoint_ctl::process::memory::Room;
-use cuda_checkpoint_ctl::process::{self, Libraries};
-use cuda_checkpoint_ctl::refusal::{self, Refusal, RingSupport};
+use process_facts::process::memory::Room;
+use process_facts::process::{self, Libraries};
+use process_facts::refusal::{self, Refusal, RingSupport};
 
 use super::error::Held;
 
@@ -26,7 +26,7 @@ pub trait Procs: Send {
     /// Kills a restored process (and reaps what CRIU, its tracer, must reap).
     fn kill(&self, pid: i32);
     /// The refusal of `ranks` (CUDA processes of one node with NCCL loaded) whose NCCL settings
-    /// leave a transport on that the driver cannot restore (`cuda_checkpoint_ctl::refusal`).
+    /// leave a transport on that the driver cannot restore (`process_facts::refusal`).
     fn nccl(&self, ranks: &[(i32, String)]) -> Option<Refusal>;
     /// The refusal of the process's io_uring rings that the CRIU in use cannot dump.
     fn io_uring(&self, pid: i32, support: RingSupport) -> Option<Refusal>;
@@ -81,7 +81,7 @@ impl Procs for Real {
     }
     fn nccl(&self, ranks: &[(i32, String)]) -> Option<Refusal> {
         refusal::nccl(ranks, |pid| {
-            cuda_checkpoint_ctl::nccl::Config::of(pid).unwrap_or_default()
+            process_facts::nccl::Config::of(pid).unwrap_or_default()
         })
     }
     fn io_uring(&self, pid: i32, support: RingSupport) -> Option<Refusal> {

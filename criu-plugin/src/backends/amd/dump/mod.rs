@@ -12,7 +12,7 @@ mod save;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use amd_kfd::device::{self, Kfd};
-use cuda_checkpoint_ctl::process;
+use process_facts::process;
 
 use super::error::Who;
 use crate::backends::cuda::SpawnGuardian;

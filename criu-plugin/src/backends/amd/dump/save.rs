@@ -8,7 +8,7 @@ use std::time::Instant;
 use amd_kfd::device::{self, ProcessInfo};
 use amd_kfd::topology::Topology;
 use criu_gpu_image::amd;
-use cuda_checkpoint_ctl::process;
+use process_facts::process;
 
 use super::{Dump, Paused};
 use crate::backends::amd::error::{AmdError, Who};
@@ -125,7 +125,7 @@ impl Dump {
             who.pid,
             d.gpus,
             d.bos,
-            cuda_checkpoint_ctl::units::gib(d.bytes),
+            process_facts::units::gib(d.bytes),
             start.elapsed().as_secs_f64()
         );
         Ok(())

@@ -41,7 +41,7 @@ impl Restore {
         tracing::info!(
             "restored KFD state of process {} ({:.2} GiB of buffers) in {:.2} s",
             img.meta.pid,
-            cuda_checkpoint_ctl::units::gib(r.bytes),
+            process_facts::units::gib(r.bytes),
             start.elapsed().as_secs_f64()
         );
         self.remaps.0.extend(r.remaps.0);

@@ -111,7 +111,7 @@ impl Machine for Fake {
         Err("no CUDA here".into())
     }
     fn alive(&self, pid: i32, starttime: u64) -> bool {
-        cuda_checkpoint_ctl::process::starttime(pid) == Some(starttime)
+        process_facts::process::starttime(pid) == Some(starttime)
     }
     fn kill(&self, _pid: i32) {}
     fn created(&self) -> Vec<(i32, i32)> {

@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
-use cuda_checkpoint_ctl::process::maps;
+use process_facts::process::maps;
 
 use criu_gpu_image::cuda::{Span, Usage};
 use criu_gpu_image::thp::{Raised, Want};

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use criu_gpu_image::cuda::{self as image, Span, Usage};
 use cuda_checkpoint_ctl::driver::ProcessState;
 use cuda_checkpoint_ctl::inventory::Inventory;
-use cuda_checkpoint_ctl::process::Libraries;
+use process_facts::process::Libraries;
 
 use super::error::{DumpError, Who};
 use super::procs::Procs;

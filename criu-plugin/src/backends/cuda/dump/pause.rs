@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
-use cuda_checkpoint_ctl::refusal::{self, DeviceMemory};
+use process_facts::refusal::{self, DeviceMemory};
 
 use super::{Ctx, Dump, Phase, Proc, Tree};
 use crate::backends::cuda::error::{ActionFailure, DumpError, Who};

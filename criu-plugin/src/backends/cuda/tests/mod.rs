@@ -11,10 +11,10 @@ use cuda_checkpoint_ctl::driver::{
     code, Call, CudaError, DeviceMap, DriverInfo, GpuUuid, ProcessState,
 };
 use cuda_checkpoint_ctl::inventory::{Gpu, GpuUsage, Inventory};
-use cuda_checkpoint_ctl::nccl;
-use cuda_checkpoint_ctl::process::memory::{Limit, Room};
-use cuda_checkpoint_ctl::process::Libraries;
-use cuda_checkpoint_ctl::refusal::{self, Refusal, RingSupport};
+use process_facts::nccl;
+use process_facts::process::memory::{Limit, Room};
+use process_facts::process::Libraries;
+use process_facts::refusal::{self, Refusal, RingSupport};
 
 use criu_gpu_image::cuda::{CudaImage, FORMAT, RECORD, VERSION};
 use criu_gpu_image::record;
