@@ -22,12 +22,11 @@ use std::sync::Mutex;
 
 use std::time::{Duration, Instant};
 
-use crate::backends::cuda::SpawnGuardian;
 use crate::core::{
     stats, FinalState, HookResult, Host, Inventory, Plugin, Stage, ThreadControl, Verdict, NAME,
 };
 use crate::guardian::proto::Watch;
-use crate::guardian::{Dirs, Guardian, GuardianError};
+use crate::guardian::{Dirs, Guardian, GuardianError, SpawnGuardian};
 use criu_gpu_image::addrmap;
 
 /// CRIU's plugin ABI version (CRIU_PLUGIN_VERSION, unchanged since 2014).

@@ -5,10 +5,11 @@ pub mod amd;
 pub mod cuda;
 
 use crate::core::Backend;
+use crate::guardian::SpawnGuardian;
 
 /// Every backend, in the order CRIU's calls are offered to them; each starts the guardians it
 /// needs with `spawn` (the CUDA one makes its driver calls through them).
-pub fn all(spawn: cuda::SpawnGuardian) -> Vec<Box<dyn Backend>> {
+pub fn all(spawn: SpawnGuardian) -> Vec<Box<dyn Backend>> {
     vec![
         Box::new(cuda::Cuda::new(spawn.clone())),
         Box::new(amd::Amd::new(spawn)),

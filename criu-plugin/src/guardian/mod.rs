@@ -28,6 +28,7 @@ mod ticket;
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criu_gpu_image::digest::FileDigest;
@@ -55,6 +56,10 @@ pub enum GuardianError {
     #[error("the guardian process did not start within {0:?}")]
     Silent(Duration),
 }
+
+/// Starts the guardian of a command: the C edge forks it from CRIU ([`Guardian::fork`]); tests
+/// run one on a thread. Backends get one and call it when they first touch GPU state.
+pub type SpawnGuardian = Arc<dyn Fn(Watch) -> Result<Guardian, GuardianError> + Send + Sync>;
 
 /// The plugin's end of a guardian.
 pub struct Guardian {
@@ -116,7 +121,7 @@ impl Guardian {
                 .restore()
                 .then(|| lineage::Lineage::follow(events, criu_pid));
             let machine = machine::Real::new(dirs, lineage, run_id).dumping(dump_root);
-            let machine = std::sync::Arc::new(machine);
+            let machine = Arc::new(machine);
             if let Ok(agent) = agent::Agent::new(watch, machine, link, criu, criu_pid) {
                 agent.run();
             }
@@ -354,7 +359,7 @@ impl Watched {
 /// (`criu-gpu-check`) and tests (with a fake machine).
 pub fn in_thread(
     watch: Watch,
-    machine: std::sync::Arc<dyn agent::Machine>,
+    machine: Arc<dyn agent::Machine>,
 ) -> Result<(Guardian, Watched), GuardianError> {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
     let spawn = |e: std::io::Error| GuardianError::Spawn(e.to_string());

@@ -26,8 +26,8 @@ use amd_kfd::device::{self, Kfd};
 
 pub use criu_gpu_image::amd::INVENTORY_NAME;
 
-use crate::backends::cuda::SpawnGuardian;
 use crate::core::{Backend, Claims, HookError, HookResult, Host, Settings, Stage, Verdict};
+use crate::guardian::SpawnGuardian;
 
 /// The setting that moves the fds a restore opens in a restored process, and its default.
 const FD_BASE_KEY: &str = "CRIU_GPU_AMD_FD_BASE";

@@ -1,7 +1,7 @@
 //! NVIDIA CUDA through the driver's checkpoint API (`cuCheckpointProcess*`), driven from CRIU's
 //! device hooks. A dump and a restore are separate types ([`dump::Dump`], [`restore::Restore`]);
 //! both make their driver calls through the guardian process ([`crate::guardian`]), which the
-//! C edge starts for them ([`SpawnGuardian`]). What the image holds and the checks before a
+//! C edge starts for them ([`crate::guardian::SpawnGuardian`]). What the image holds and the checks before a
 //! restore are the image crate's ([`criu_gpu_image`]).
 
 // Every function here reads as named steps (clippy.toml: at most 80 lines).
@@ -11,18 +11,13 @@ pub mod error;
 pub mod procs;
 pub mod restore;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 pub use criu_gpu_image::cuda::INVENTORY_NAME;
 pub use criu_gpu_image::restorable::UPSTREAM_PLUGIN;
 
 use crate::core::{Backend, Claims, HookError, HookResult, Host, Settings, Stage, Verdict};
-use crate::guardian::proto::Watch;
-use crate::guardian::{Guardian, GuardianError};
-
-/// Starts the guardian of a command: the C edge forks it from CRIU; tests run one on a thread.
-pub type SpawnGuardian = Arc<dyn Fn(Watch) -> Result<Guardian, GuardianError> + Send + Sync>;
+use crate::guardian::SpawnGuardian;
 
 use process_facts::units::gib;
 

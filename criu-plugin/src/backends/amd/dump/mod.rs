@@ -15,10 +15,9 @@ use amd_kfd::device::{self, Kfd};
 use process_facts::process;
 
 use super::error::Who;
-use crate::backends::cuda::SpawnGuardian;
 use crate::core::{FinalState, Host, Stage};
 use crate::guardian::proto::{Order, Watch};
-use crate::guardian::Guardian;
+use crate::guardian::{Guardian, SpawnGuardian};
 
 /// A KFD file whose queues this dump paused (CRIU's copy, kept until `exit`).
 struct Paused {

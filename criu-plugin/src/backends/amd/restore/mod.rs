@@ -17,10 +17,9 @@ use criu_gpu_image::amd;
 
 use super::error::AmdError;
 use super::{Detect, FD_BASE, FD_BASE_KEY};
-use crate::backends::cuda::SpawnGuardian;
 use crate::core::{kill, Claims, HookResult, Host, Settings, Verdict};
 use crate::guardian::proto::{Order, Watch};
-use crate::guardian::Guardian;
+use crate::guardian::{Guardian, SpawnGuardian};
 
 /// How long a process that failed its RESUME gets to die before its reaping is left to CRIU.
 const KILLED: std::time::Duration = std::time::Duration::from_secs(5);

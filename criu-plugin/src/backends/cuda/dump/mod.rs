@@ -24,10 +24,9 @@ use process_facts::process::Libraries;
 
 use super::error::{DumpError, Who};
 use super::procs::Procs;
-use super::SpawnGuardian;
 use crate::core::{stats, HookError, HookResult, Host, Settings, Stage, Verdict};
 use crate::guardian::proto::Watch;
-use crate::guardian::{Guardian, GuardianError};
+use crate::guardian::{Guardian, GuardianError, SpawnGuardian};
 
 /// CRIU's default --timeout, for a CRIU whose alarm cannot be read.
 const DEFAULT_SEIZE: Duration = Duration::from_secs(10);

@@ -14,11 +14,11 @@ use cuda_checkpoint_ctl::inventory::Inventory;
 use super::{Later, Phase, Ready, Restore};
 use crate::backends::cuda::error::RestoreError;
 use crate::backends::cuda::procs::Procs;
-use crate::backends::cuda::{gib, SpawnGuardian, UPSTREAM_PLUGIN};
+use crate::backends::cuda::{gib, UPSTREAM_PLUGIN};
 use crate::core::stats;
 use crate::core::{Claims, HookError, Host, Lazy, Settings};
 use crate::guardian::proto::{Order, Watch};
-use crate::guardian::Guardian;
+use crate::guardian::{Guardian, SpawnGuardian};
 
 /// How long NVML may take to answer for the node's GPUs.
 const INVENTORY_WAIT: Duration = Duration::from_secs(30);

@@ -27,7 +27,7 @@ use crate::core::testing::{verdict, FakeHost};
 use crate::core::{FinalState, Settings};
 use crate::guardian::agent::{GpuDriver, Machine};
 use crate::guardian::proto::{Level, Watch};
-use crate::guardian::Watched;
+use crate::guardian::{GuardianError, Watched};
 
 const R: ProcessState = ProcessState::Running;
 const L: ProcessState = ProcessState::Locked;
