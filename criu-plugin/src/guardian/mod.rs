@@ -8,7 +8,8 @@
 //! a call made from CRIU could land after CRIU's death with nobody left to undo it. Keeping
 //! libcuda and NVML out of CRIU's process also means no CUDA state is ever created in CRIU.
 //!
-//! For ROCm processes it holds what undoes a dump's pause of their GPU queues ([`kfd`]).
+//! For ROCm processes it holds what undoes a dump's pause of their GPU queues
+//! ([`machine::amd`]).
 //!
 //! This module is the plugin's end: a [`Guardian`] sends orders and waits for reports, on CRIU's
 //! thread, with a deadline; each request returns a typed [`Ticket`] for its reply. Log lines the
@@ -18,11 +19,9 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod agent;
-mod kfd;
 pub mod lineage;
 pub mod machine;
 pub mod proto;
-mod repair;
 mod sys;
 mod ticket;
 
@@ -359,7 +358,7 @@ impl Watched {
 /// (`criu-gpu-check`) and tests (with a fake machine).
 pub fn in_thread(
     watch: Watch,
-    machine: Arc<dyn agent::Machine>,
+    machine: Arc<dyn machine::Machine>,
 ) -> Result<(Guardian, Watched), GuardianError> {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
     let spawn = |e: std::io::Error| GuardianError::Spawn(e.to_string());

@@ -142,10 +142,10 @@ impl Agent {
 
     /// After a restore killed half-way: what else it left in the way of the next one.
     fn leave_retryable(&self) {
-        for line in self.machine.remove_ghosts() {
+        for line in self.machine.leftovers().remove_ghosts() {
             self.out.log(Level::Warn, line);
         }
-        if let Some(line) = self.machine.unlock_network(true) {
+        if let Some(line) = self.machine.leftovers().unlock_network(true) {
             self.out.log(Level::Warn, line);
         }
     }
@@ -156,10 +156,10 @@ impl Agent {
         // The job's processes go on: their sockets must leave repair mode, and the network
         // CRIU locked for them must pass again.
         let tracked: Vec<i32> = self.tracked.keys().copied().collect();
-        if let Some(line) = self.machine.release_repair(&tracked) {
+        if let Some(line) = self.machine.leftovers().release_repair(&tracked) {
             self.out.log(Level::Warn, line);
         }
-        if let Some(line) = self.machine.unlock_network(false) {
+        if let Some(line) = self.machine.leftovers().unlock_network(false) {
             self.out.log(Level::Warn, line);
         }
         self.out.log(

@@ -7,12 +7,13 @@
 //! ([`Order::HoldKfd`](crate::guardian::proto::Order::HoldKfd)) and takes it back once it has
 //! unpaused the queues itself ([`Order::ReleaseKfd`](crate::guardian::proto::Order::ReleaseKfd)).
 //! A file still held when CRIU is gone gets its UNPAUSE from the guardian
-//! ([`Machine::unpause_kfd`](super::Machine::unpause_kfd)): harmless on queues that are not
-//! paused (the kernel answers EINVAL), and skipped for a process that has exited.
+//! ([`KfdQueues::unpause`](crate::guardian::machine::KfdQueues::unpause)): harmless on queues
+//! that are not paused (the kernel answers EINVAL), and skipped for a process that has exited.
 
 use std::os::fd::{AsFd, OwnedFd};
 
 use super::Agent;
+use crate::guardian::machine::Unpaused;
 use crate::guardian::proto::Level;
 
 /// A KFD file the guardian holds for the dump.
@@ -20,17 +21,6 @@ pub(super) struct KfdHold {
     file: OwnedFd,
     pub(super) starttime: u64,
     comm: String,
-}
-
-/// What an UNPAUSE from the guardian found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unpaused {
-    /// The queues were paused and run again.
-    Running,
-    /// They were not paused (the dump had not paused them yet, or had restarted them).
-    WasNot,
-    /// The process has exited.
-    Gone,
 }
 
 impl Agent {
@@ -81,7 +71,10 @@ impl Agent {
         for (pid, k) in held {
             let result = match self.machine.alive(pid, k.starttime) {
                 false => Ok(Unpaused::Gone),
-                true => self.machine.unpause_kfd(pid, k.file.as_fd()),
+                true => self
+                    .machine
+                    .amd()
+                    .and_then(|q| q.unpause(pid, k.file.as_fd())),
             };
             let (level, line) = line(pid, &k.comm, &result);
             self.out.log(level, line);

@@ -13,8 +13,7 @@
 //! calls to return before it decides what is left to undo.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::{BorrowedFd, OwnedFd};
-use std::path::PathBuf;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
@@ -23,8 +22,6 @@ use std::time::{Duration, Instant};
 use criu_gpu_image::digest::FileDigest;
 use criu_gpu_image::restorable;
 use criu_gpu_image::thp::{Raised, Thp, Want};
-use cuda_checkpoint_ctl::driver::{CudaError, DeviceMap, DriverInfo, ProcessState};
-use cuda_checkpoint_ctl::inventory::Inventory;
 use rustix::event::{poll, PollFd, PollFlags};
 
 mod alone;
@@ -32,70 +29,12 @@ mod kfd;
 mod worker;
 
 use self::kfd::KfdHold;
-pub use self::kfd::Unpaused;
 use self::worker::{no_driver, Job, Tracked, Worker};
+use super::machine::Machine;
 use super::proto::{self, Act, Level, Op, Order, Outcome, Report, Watch};
 
 /// Threads hashing image files during a restore.
 const VERIFY_THREADS: usize = 4;
-
-/// The driver as the guardian uses it.
-pub trait GpuDriver: Send + Sync {
-    fn info(&self) -> DriverInfo;
-    fn restore_tid(&self, pid: i32) -> Result<i32, CudaError>;
-    fn state(&self, pid: i32) -> Result<ProcessState, CudaError>;
-    fn lock(&self, pid: i32, timeout: Duration) -> Result<(), CudaError>;
-    fn checkpoint(&self, pid: i32) -> Result<(), CudaError>;
-    fn restore(&self, pid: i32, map: &DeviceMap) -> Result<(), CudaError>;
-    fn unlock(&self, pid: i32) -> Result<(), CudaError>;
-    fn inventory(&self) -> Result<Inventory, String>;
-}
-
-/// The machine the guardian acts on.
-pub trait Machine: Send + Sync + 'static {
-    fn driver(&self) -> Result<&dyn GpuDriver, String>;
-    /// Whether `pid` is still the process that started at `starttime` (not a reused pid).
-    fn alive(&self, pid: i32, starttime: u64) -> bool;
-    fn kill(&self, pid: i32);
-    /// Restore: the processes the watched CRIU created that are still alive, with their pids
-    /// in their own pid namespace ([`super::lineage`]).
-    fn created(&self) -> Vec<(i32, i32)>;
-    /// Kills a process the watched CRIU created, and no other that has its pid now.
-    fn kill_created(&self, pid: i32);
-    /// Takes back the network lock of the watched CRIU run (of the dumping run, on `restore`);
-    /// what was done, for the record.
-    fn unlock_network(&self, _restore: bool) -> Option<String> {
-        None
-    }
-    /// Dump: takes the job's sockets out of the TCP repair mode CRIU left them in; what was
-    /// done.
-    fn release_repair(&self, _tracked: &[i32]) -> Option<String> {
-        None
-    }
-    /// Restore: removes the image's unlinked files that the restore made and left; what was
-    /// done.
-    fn remove_ghosts(&self) -> Vec<String> {
-        Vec::new()
-    }
-    /// Where the guardian writes when CRIU is gone: syslog and its log (machine::LOG_FILE).
-    fn record(&self, level: Level, line: &str);
-    /// The node's huge page policy, if the guardian may change it.
-    fn thp(&self) -> Option<Thp> {
-        None
-    }
-    /// The image directory, for checking image files.
-    fn image_dir(&self) -> Option<PathBuf> {
-        None
-    }
-    /// AMD: restarts the GPU queues of process `pid` that a dump paused through its KFD file
-    /// `file` (the process's own open file, handed over by the plugin). Only once CRIU is gone:
-    /// amdkfd takes these calls from the process itself or from its tracer only.
-    fn unpause_kfd(&self, pid: i32, _file: BorrowedFd<'_>) -> Result<Unpaused, String> {
-        Err(format!(
-            "this guardian cannot reach process {pid}'s KFD (no AMD support)"
-        ))
-    }
-}
 
 /// The node's huge page policy raised by this guardian: put back when dropped, so whatever ends
 /// the guardian puts it back.
@@ -234,7 +173,7 @@ impl Agent {
     /// Serves the plugin until its work is done or CRIU is gone, then finishes alone.
     pub fn run(mut self) {
         let driver = match self.watch.cuda() {
-            true => self.machine.driver().map(|d| d.info()),
+            true => self.machine.cuda().map(|d| d.info()),
             false => Err("this guardian serves AMD GPUs: no CUDA driver loaded".to_owned()),
         };
         self.out.report(&Report::Hello { driver });
@@ -373,7 +312,7 @@ impl Agent {
                 let machine = self.machine.clone();
                 let out = self.out.clone();
                 std::thread::spawn(move || {
-                    let inventory = machine.driver().and_then(|d| d.inventory());
+                    let inventory = machine.cuda().and_then(|d| d.inventory());
                     out.report(&Report::Inventory { seq, inventory });
                 });
             }
@@ -468,7 +407,7 @@ impl Agent {
 
     /// Raises the node's huge page policy, held (and put back) by the guardian.
     fn raise_thp(&mut self, want: Want) -> Result<Raised, String> {
-        let Some(thp) = self.machine.thp() else {
+        let Some(thp) = self.machine.leftovers().thp() else {
             return Err("not on this machine".to_owned());
         };
         let r = thp.raise(want, std::process::id() as i32);

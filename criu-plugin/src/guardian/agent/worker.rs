@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use cuda_checkpoint_ctl::driver::{code, CudaError, DeviceMap, ProcessState};
 
-use super::{Machine, Outbox};
+use super::Outbox;
+use crate::guardian::machine::Machine;
 use crate::guardian::proto::{
     Act, Answer, DriverFailure, NotReturned, Op, Outcome, Report, Returned,
 };
@@ -90,7 +91,7 @@ impl Worker {
     }
 
     fn act(&self, act: &Act) -> Result<Answer, DriverFailure> {
-        let driver = self.machine.driver().map_err(|e| no_driver(Op::Probe, e))?;
+        let driver = self.machine.cuda().map_err(|e| no_driver(Op::Probe, e))?;
         let pid = self.pid;
         match act {
             Act::Probe => driver
@@ -138,7 +139,7 @@ impl Worker {
             // Its state was never asked: nothing was done to it.
             return Ok(Returned::Untouched);
         };
-        let driver = self.machine.driver()?;
+        let driver = self.machine.cuda()?;
         // A state change can race with us (another tool); look again a few times.
         for _ in 0..3 {
             if !self.machine.alive(pid, self.starttime) {

@@ -21,7 +21,7 @@ use super::error::AmdError;
 use super::*;
 use crate::core::testing::{verdict, FakeHost};
 use crate::core::FinalState;
-use crate::guardian::agent::{GpuDriver, Machine, Unpaused};
+use crate::guardian::machine::{CudaDriver, KfdQueues, Machine, Unpaused};
 use crate::guardian::proto::{Level, Watch};
 use crate::guardian::{in_thread, Watched};
 
@@ -107,9 +107,6 @@ struct Fake {
 }
 
 impl Machine for Fake {
-    fn driver(&self) -> Result<&dyn GpuDriver, String> {
-        Err("no CUDA here".into())
-    }
     fn alive(&self, pid: i32, starttime: u64) -> bool {
         process_facts::process::starttime(pid) == Some(starttime)
     }
@@ -124,7 +121,16 @@ impl Machine for Fake {
             .unwrap()
             .push(format!("{level:?}: {line}"));
     }
-    fn unpause_kfd(&self, _pid: i32, file: BorrowedFd<'_>) -> Result<Unpaused, String> {
+    fn cuda(&self) -> Result<&dyn CudaDriver, String> {
+        Err("no CUDA here".into())
+    }
+    fn amd(&self) -> Result<&dyn KfdQueues, String> {
+        Ok(self)
+    }
+}
+
+impl KfdQueues for Fake {
+    fn unpause(&self, _pid: i32, file: BorrowedFd<'_>) -> Result<Unpaused, String> {
         match self.kfd.unpause(file) {
             Ok(()) => Ok(Unpaused::Running),
             Err(e) if e.errno == Some(libc::EINVAL) => Ok(Unpaused::WasNot),

@@ -25,7 +25,7 @@ use super::procs::Procs;
 use super::*;
 use crate::core::testing::{verdict, FakeHost};
 use crate::core::{FinalState, Settings};
-use crate::guardian::agent::{GpuDriver, Machine};
+use crate::guardian::machine::{CudaDriver, Leftovers, Machine};
 use crate::guardian::proto::{Level, Watch};
 use crate::guardian::{GuardianError, Watched};
 
@@ -124,7 +124,7 @@ impl Fake {
     }
 }
 
-impl GpuDriver for Fake {
+impl CudaDriver for Fake {
     fn info(&self) -> DriverInfo {
         DriverInfo {
             library: "fake".into(),
@@ -202,9 +202,6 @@ impl GpuDriver for Fake {
 }
 
 impl Machine for Fake {
-    fn driver(&self) -> Result<&dyn GpuDriver, String> {
-        Ok(self)
-    }
     fn alive(&self, pid: i32, _starttime: u64) -> bool {
         !self.m().dead.contains(&pid)
     }
@@ -228,6 +225,15 @@ impl Machine for Fake {
     fn record(&self, level: Level, line: &str) {
         self.m().record.push(format!("{level:?}: {line}"));
     }
+    fn leftovers(&self) -> &dyn Leftovers {
+        self
+    }
+    fn cuda(&self) -> Result<&dyn CudaDriver, String> {
+        Ok(self)
+    }
+}
+
+impl Leftovers for Fake {
     fn thp(&self) -> Option<Thp> {
         self.m().thp.clone()
     }
@@ -502,9 +508,6 @@ fn wait_for(what: &str, f: impl Fn() -> bool) {
 struct NoDriver;
 
 impl Machine for NoDriver {
-    fn driver(&self) -> Result<&dyn GpuDriver, String> {
-        Err("libcuda.so.1: cannot open shared object file".into())
-    }
     fn alive(&self, _pid: i32, _st: u64) -> bool {
         true
     }
@@ -514,6 +517,9 @@ impl Machine for NoDriver {
     }
     fn kill_created(&self, _pid: i32) {}
     fn record(&self, _level: Level, _line: &str) {}
+    fn cuda(&self) -> Result<&dyn CudaDriver, String> {
+        Err("libcuda.so.1: cannot open shared object file".into())
+    }
 }
 
 mod dump;

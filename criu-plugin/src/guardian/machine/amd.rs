@@ -1,4 +1,5 @@
-//! Restarting a ROCm process's GPU queues from the guardian, once CRIU is gone.
+//! AMD: restarting a ROCm process's GPU queues from the guardian, once CRIU is gone (the
+//! guardian's [`KfdQueues`]).
 //!
 //! amdkfd takes a CRIU operation (PROCESS_INFO, CHECKPOINT, UNPAUSE) on a process's KFD file
 //! from two callers only: the process that opened it, and the thread that ptrace-traces the
@@ -19,20 +20,26 @@ use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
-use super::agent::Unpaused;
+use super::{KfdQueues, Unpaused};
 
 /// How long the guardian waits for another tracer to let the process go: CRIU itself while it
 /// is still ending (its end of the guardian's link closes before it has released its tracees).
 const TRACER_GONE: Duration = Duration::from_secs(5);
 
-/// UNPAUSE on `file`, process `pid`'s KFD file, as the tracer of `pid`.
-pub fn unpause(kfd: &dyn Kfd, pid: i32, file: BorrowedFd<'_>) -> Result<Unpaused, String> {
-    std::thread::scope(|s| {
-        // The thread that seizes is the tracer the kernel checks; it ends right after.
-        s.spawn(|| as_tracer(kfd, pid, file))
-            .join()
-            .unwrap_or_else(|_| Err("the guardian's thread failed".to_owned()))
-    })
+/// This machine's KFD, whose calls the guardian makes as the tracer of the process.
+pub struct AsTracer(pub Box<dyn Kfd>);
+
+impl KfdQueues for AsTracer {
+    /// UNPAUSE on `file`, process `pid`'s KFD file, as the tracer of `pid`.
+    fn unpause(&self, pid: i32, file: BorrowedFd<'_>) -> Result<Unpaused, String> {
+        let kfd = self.0.as_ref();
+        std::thread::scope(|s| {
+            // The thread that seizes is the tracer the kernel checks; it ends right after.
+            s.spawn(|| as_tracer(kfd, pid, file))
+                .join()
+                .unwrap_or_else(|_| Err("the guardian's thread failed".to_owned()))
+        })
+    }
 }
 
 fn as_tracer(kfd: &dyn Kfd, pid: i32, file: BorrowedFd<'_>) -> Result<Unpaused, String> {
