@@ -2,7 +2,7 @@
 
 use crate::archive::ArchiveError;
 use crate::job::JobError;
-use crate::node::NodeError;
+use criu_gpu_node::NodeError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

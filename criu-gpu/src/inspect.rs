@@ -73,7 +73,7 @@ pub fn container_info(c: &Checkpoint) -> ContainerInfo {
         name: first(spec_ann, &["io.kubernetes.container.name"])
             .or_else(|| first(&config, &["name"]))
             .or_else(|| ann("org.criu.checkpoint.container.name"))
-            .or_else(|| ann(crate::oci::CRIO_CHECKPOINT_NAME)),
+            .or_else(|| ann(criu_gpu_node::oci::CRIO_CHECKPOINT_NAME)),
         pod: first(spec_ann, &["io.kubernetes.pod.name"])
             .or_else(|| ann("org.criu.checkpoint.pod.name")),
         namespace: first(spec_ann, &["io.kubernetes.pod.namespace"])

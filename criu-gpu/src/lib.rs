@@ -2,8 +2,9 @@
 //! job through CRIU with the options it needs ([`job`]); `check` and `inspect` read a
 //! checkpoint wherever it is ([`archive`]), `doctor` looks at this node ([`doctor`]),
 //! `runtime-config` writes the network lock it can take into the container runtimes' CRIU
-//! settings ([`runtime_conf`], [`netlock`]), and `node` checkpoints, drains and restores the GPU workloads of a Kubernetes node ([`node`]),
-//! writing checkpoint archives as OCI images ([`oci`]) that CRI-O restores from.
+//! settings ([`runtime_conf`], [`netlock`]). `node` (checkpoint, drain and restore the GPU
+//! workloads of a Kubernetes node) and `image` (an archive as a CRI-O checkpoint image) are the
+//! `criu-gpu-node` crate's: this one parses their arguments only.
 
 pub mod archive;
 pub mod cli;
@@ -14,8 +15,6 @@ pub mod human;
 pub mod inspect;
 pub mod job;
 pub mod netlock;
-pub mod node;
-pub mod oci;
 pub mod out;
 pub mod runtime_conf;
 pub mod snapshots;

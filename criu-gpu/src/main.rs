@@ -10,8 +10,8 @@ use clap::Parser;
 use criu_gpu::archive::Checkpoint;
 use criu_gpu::cli::{Cli, Command, KubeArgs, NodeCommand, SelectArgs};
 use criu_gpu::error::Error;
-use criu_gpu::node::{drain, http::Tls, restore, Access, NodeError};
-use criu_gpu::{cli, doctor, inspect, job, oci, out, snapshots};
+use criu_gpu::{cli, doctor, inspect, job, out, snapshots};
+use criu_gpu_node::{drain, http::Tls, oci, restore, Access, NodeError};
 use snapshot_store::Compression;
 
 fn main() -> ExitCode {
@@ -387,6 +387,7 @@ fn drain_options(k: &KubeArgs, s: &SelectArgs, json: bool) -> drain::Options {
 }
 
 fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
+    criu_gpu_node::screen::install(Box::new(out::Stdout));
     let (summary, result) = match n {
         NodeCommand::Checkpoint {
             kube,
@@ -443,7 +444,7 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
             registry_credentials,
             tag,
             node,
-            check,
+            check: check.then_some(can_restore_here),
             include_owned,
             dry_run,
             json,
@@ -451,6 +452,15 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
     };
     summary.print(json);
     Ok(node_exit(result, json))
+}
+
+/// `node restore --check`: the plugin's restore checks on this node, on one archive.
+fn can_restore_here(archive: &Path) -> Result<(), String> {
+    let ck = Checkpoint::open(archive).map_err(|e| e.to_string())?;
+    match inspect::verdict(&ck).reason {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
 }
 
 /// The CA bundle `--registry-cacert` names.

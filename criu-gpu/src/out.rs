@@ -42,3 +42,15 @@ pub fn json(value: &impl serde::Serialize) {
 pub fn is_terminal() -> bool {
     !CLOSED.load(Ordering::Relaxed) && io::stdout().is_terminal()
 }
+
+/// Standard output as a node command's screen (`criu_gpu_node::screen`).
+pub struct Stdout;
+
+impl criu_gpu_node::screen::Screen for Stdout {
+    fn write(&self, text: &str) {
+        write_raw(text);
+    }
+    fn is_terminal(&self) -> bool {
+        is_terminal()
+    }
+}

@@ -505,7 +505,7 @@ fn registry(req: &Request, parts: &[&str], state: &Mutex<State>) -> Response {
             .nth(1)
             .unwrap_or_default()
             .replace("%3A", ":");
-        let actual = criu_gpu::oci::digest_of(&req.body[..]).unwrap().0;
+        let actual = criu_gpu_node::oci::digest_of(&req.body[..]).unwrap().0;
         if actual != digest {
             return reply(400, format!("digest mismatch: {actual} != {digest}"));
         }

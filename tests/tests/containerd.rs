@@ -37,14 +37,14 @@ fn criu_gpu(sim: &Sim, args: &[&str]) -> std::process::Output {
 fn import_image(ctd: &Containerd, scratch: &Path) -> String {
     let name = format!("localhost/criu-gpu-test:{}", std::process::id());
     let layout = scratch.join("app-image");
-    let spec = criu_gpu::oci::ImageSpec {
+    let spec = criu_gpu_node::oci::ImageSpec {
         reference: name.clone(),
         annotations: BTreeMap::new(),
         runtime_config: json!({"Cmd": ["/usr/bin/cuda-sim-app"], "Env": ["LD_LIBRARY_PATH=/opt/sim/lib"]}),
     };
-    criu_gpu::oci::write_layout(&layout, &app_rootfs_tar(scratch), None, &spec).unwrap();
+    criu_gpu_node::oci::write_layout(&layout, &app_rootfs_tar(scratch), None, &spec).unwrap();
     let archive = scratch.join("app-image.tar");
-    criu_gpu::oci::pack(&layout, &archive).unwrap();
+    criu_gpu_node::oci::pack(&layout, &archive).unwrap();
     ok(
         &ctd.ctr(&["images", "import", archive.to_str().unwrap()]),
         "ctr images import",

@@ -126,7 +126,7 @@ fn checkpoint_saves_every_gpu_container_at_once_with_a_manifest() {
             assert_eq!(ctr["status"], "saved", "{ctr}");
             let archive = store.join(ctr["archive"].as_str().unwrap());
             let (digest, size) =
-                criu_gpu::oci::digest_of(std::fs::File::open(&archive).unwrap()).unwrap();
+                criu_gpu_node::oci::digest_of(std::fs::File::open(&archive).unwrap()).unwrap();
             assert_eq!(ctr["sha256"], digest.as_str());
             assert_eq!(ctr["bytes"], size);
         }
@@ -299,7 +299,7 @@ fn a_controller_owned_pod_is_refused_then_scaled_down_and_adopted_back() {
     );
     let m = manifest(&store);
     let archive = store.join(m["pods"][0]["containers"][0]["archive"].as_str().unwrap());
-    let sha = criu_gpu::oci::digest_of(std::fs::File::open(&archive).unwrap())
+    let sha = criu_gpu_node::oci::digest_of(std::fs::File::open(&archive).unwrap())
         .unwrap()
         .0;
     assert_eq!(manifest_pushed["layers"][0]["digest"], sha.as_str());

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::archive::Codec;
+use crate::codec::Codec;
 
 pub const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const CONFIG: &str = "application/vnd.oci.image.config.v1+json";

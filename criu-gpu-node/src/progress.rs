@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::human::{bytes, gbps, secs};
-use crate::out;
+use crate::screen;
 
 #[derive(Debug, Clone)]
 pub enum Phase {
@@ -68,7 +68,7 @@ impl Board {
             copied: vec![0; n],
             drawn: 0,
         }));
-        let live = !to_stderr && out::is_terminal();
+        let live = !to_stderr && screen::is_terminal();
         let stop = Arc::new(AtomicBool::new(false));
         let mut board = Board {
             state,
@@ -108,7 +108,7 @@ impl Board {
             if self.to_stderr {
                 eprintln!("{line}");
             } else {
-                out::line(line);
+                screen::line(line);
             }
         }
         s.phases[i] = phase;
@@ -162,5 +162,5 @@ fn paint(state: &Mutex<State>, start: Instant) {
         gbps(moved, start.elapsed())
     ));
     s.drawn = s.labels.len() + 1;
-    out::write_raw(&text);
+    screen::raw(&text);
 }

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::kube::{Api, Controller, Kubelet};
-use super::pods::{self, GpuContainer};
-use super::progress::Board;
-use super::store::{ContainerRecord, Manifest, PodRecord, Store};
-use super::{checkpoint, Access, NodeError, Outcome, Summary};
+use crate::kube::{Api, Controller, Kubelet};
+use crate::pods::{self, GpuContainer};
+use crate::progress::Board;
+use crate::store::{ContainerRecord, Manifest, PodRecord, Store};
+use crate::{checkpoint, Access, NodeError, Outcome, Summary};
 
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -105,7 +105,7 @@ fn owners_from_metadata(plan: &Plan) -> Controllers {
     let mut m = BTreeMap::new();
     for t in &plan.targets {
         if let Some(pod) = pod_of(&plan.pods, &t.namespace, &t.pod) {
-            if let Some((kind, name)) = super::kube::controller_ref(pod) {
+            if let Some((kind, name)) = crate::kube::controller_ref(pod) {
                 m.insert(
                     (t.namespace.clone(), t.pod.clone()),
                     Controller {
@@ -133,7 +133,7 @@ fn save(
     let store = match &o.store {
         Some(dir) => {
             let store = Store::create(dir, manifest(o, kubelet, plan, controllers))?;
-            s.manifest = Some(dir.join(super::store::MANIFEST).display().to_string());
+            s.manifest = Some(dir.join(crate::store::MANIFEST).display().to_string());
             Some(store)
         }
         None => None,
@@ -383,7 +383,7 @@ fn refusals(
     let bare: Vec<String> = api
         .pods_on(node)?
         .iter()
-        .filter(|p| !pods::drain_skips(p) && super::kube::controller_ref(p).is_none())
+        .filter(|p| !pods::drain_skips(p) && crate::kube::controller_ref(p).is_none())
         .map(pods::ns_name)
         .filter(|k| !gpu_pods.contains(k))
         .map(|(ns, n)| format!("{ns}/{n}"))

@@ -11,8 +11,8 @@ use base64::Engine;
 use serde_json::Value;
 use yaml_rust2::{Yaml, YamlLoader};
 
-use super::http::Tls;
-use super::NodeError;
+use crate::http::Tls;
+use crate::NodeError;
 
 const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::http::{Endpoint, HttpError};
-use super::NodeError;
+use crate::http::{Endpoint, HttpError};
+use crate::NodeError;
 
 fn parse(bytes: &[u8], what: &str) -> Result<Value, NodeError> {
     serde_json::from_slice(bytes)

@@ -9,12 +9,16 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::http::Tls;
-use super::kube::{Api, Controller};
-use super::registry::Registry;
-use super::store::{ContainerRecord, Manifest, PodRecord, Status, Store};
-use super::{Access, NodeError, Outcome, Summary};
+use crate::http::Tls;
+use crate::kube::{Api, Controller};
 use crate::oci::{self, ImageSpec, CRIO_CHECKPOINT_NAME};
+use crate::registry::Registry;
+use crate::store::{ContainerRecord, Manifest, PodRecord, Status, Store};
+use crate::{Access, NodeError, Outcome, Summary};
+
+/// Why this node cannot restore a checkpoint archive, if it cannot. The command line supplies
+/// it: it reads archives and loads the GPU drivers, which this crate does not.
+pub type ArchiveCheck = fn(&Path) -> Result<(), String>;
 
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -25,7 +29,8 @@ pub struct Options {
     pub registry_credentials: Option<PathBuf>,
     pub tag: String,
     pub node: Option<String>,
-    pub check: bool,
+    /// `--check`: the restore checks on this node, run on each archive before anything is pushed.
+    pub check: Option<ArchiveCheck>,
     /// Restore pods whose controller was not scaled down, as bare pods.
     pub include_owned: bool,
     pub dry_run: bool,
@@ -60,7 +65,7 @@ fn credentials(o: &Options) -> Result<Option<(String, String)>, NodeError> {
 
 fn run(o: &Options, s: &mut Summary) -> Result<(), NodeError> {
     let store = Store::open(&o.store)?;
-    s.manifest = Some(store.dir.join(super::store::MANIFEST).display().to_string());
+    s.manifest = Some(store.dir.join(crate::store::MANIFEST).display().to_string());
     let m = store.snapshot();
     say_saved(&store, &m, o, s);
     let location = o.registry.as_deref().ok_or_else(|| {
@@ -142,7 +147,7 @@ fn pod_failed(o: &Options, pod: &PodRecord, before: usize, why: &str, s: &mut Su
     if o.json {
         eprintln!("{line}");
     } else {
-        crate::out::line(line);
+        crate::screen::line(line);
     }
 }
 
@@ -306,8 +311,10 @@ fn checkpoint_image(
         );
         return Ok(reference);
     }
-    if o.check {
-        refuse_unrestorable_here(&archive, &c.name)?;
+    if let Some(check) = o.check {
+        check(&archive).map_err(|why| {
+            NodeError::Refused(format!("this node cannot restore {}: {why}", c.name))
+        })?;
     }
     let dir = store
         .dir
@@ -332,19 +339,6 @@ fn checkpoint_image(
     s.containers
         .push(outcome(pod, &c.name, Some(pushed.clone()), None));
     Ok(pushed)
-}
-
-/// `--check`: the plugin's restore checks on this node, before anything is pushed.
-fn refuse_unrestorable_here(archive: &Path, container: &str) -> Result<(), NodeError> {
-    let ck =
-        crate::archive::Checkpoint::open(archive).map_err(|e| NodeError::Failed(e.to_string()))?;
-    let v = crate::inspect::verdict(&ck);
-    if let Some(why) = v.reason {
-        return Err(NodeError::Refused(format!(
-            "this node cannot restore {container}: {why}"
-        )));
-    }
-    Ok(())
 }
 
 /// The pod as saved, running the checkpoint images (on `node`, when given).

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use base64::Engine;
 
-use super::http::{Endpoint, Reply, Tls};
-use super::NodeError;
+use crate::http::{Endpoint, Reply, Tls};
 use crate::oci::{Blob, Layout, MANIFEST};
+use crate::NodeError;
 
 pub struct Registry {
     ep: Endpoint,
@@ -94,7 +94,7 @@ impl Registry {
         let put = format!("{location}{sep}digest={}", blob.digest.replace(':', "%3A"));
         let r = self.send(|ep, auth| {
             let f = std::fs::File::open(&blob.path).map_err(|e| {
-                super::http::HttpError::Unreachable {
+                crate::http::HttpError::Unreachable {
                     url: blob.path.display().to_string(),
                     reason: e.to_string(),
                 }
@@ -120,7 +120,7 @@ impl Registry {
     /// and sends once more.
     fn send(
         &self,
-        f: impl Fn(&Endpoint, Option<&str>) -> Result<Reply, super::http::HttpError>,
+        f: impl Fn(&Endpoint, Option<&str>) -> Result<Reply, crate::http::HttpError>,
     ) -> Result<Reply, NodeError> {
         let auth = self.auth.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let r = f(&self.ep, auth.as_deref())?;

@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::kube::Controller;
-use super::NodeError;
+use crate::kube::Controller;
+use crate::NodeError;
 
 pub const MANIFEST: &str = "manifest.json";
 

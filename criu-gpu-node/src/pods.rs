@@ -103,7 +103,7 @@ pub fn drain_skips(pod: &Value) -> bool {
     let mirror = pod["metadata"]["annotations"]
         .get("kubernetes.io/config.mirror")
         .is_some();
-    let daemon = super::kube::controller_ref(pod).is_some_and(|(k, _)| k == "DaemonSet");
+    let daemon = crate::kube::controller_ref(pod).is_some_and(|(k, _)| k == "DaemonSet");
     let done = matches!(
         pod["status"]["phase"].as_str(),
         Some("Succeeded" | "Failed")

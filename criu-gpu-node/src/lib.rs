@@ -1,16 +1,24 @@
-//! `criu-gpu node checkpoint|drain|restore`: the GPU workloads of a Kubernetes node saved
-//! through the kubelet checkpoint API, the node drained, and the workloads restored elsewhere
-//! from checkpoint images.
+//! `criu-gpu node checkpoint|drain|restore` as a library: the GPU workloads of a Kubernetes node
+//! saved through the kubelet checkpoint API, the node drained, and the workloads restored
+//! elsewhere from checkpoint images (OCI images CRI-O restores from, [`oci`], pushed to a
+//! registry). A client of the kubelet, the API server and a registry over HTTPS ([`http`],
+//! [`kube`], [`kubeconfig`], [`registry`]), with the TLS, YAML and tar code that takes; the
+//! `criu-gpu` command only parses its arguments, installs its [`screen`] and checks archives
+//! for `--check`.
 
 pub mod checkpoint;
+pub mod codec;
 pub mod drain;
 pub mod http;
+pub mod human;
 pub mod kube;
 pub mod kubeconfig;
+pub mod oci;
 pub mod pods;
 pub mod progress;
 pub mod registry;
 pub mod restore;
+pub mod screen;
 pub mod store;
 
 use std::path::{Path, PathBuf};
@@ -158,7 +166,7 @@ impl Summary {
         if json {
             eprintln!("{text}");
         } else {
-            crate::out::line(&text);
+            crate::screen::line(&text);
         }
         self.steps.push(text);
     }
@@ -172,10 +180,10 @@ impl Summary {
 
     pub fn print(&self, json: bool) {
         if json {
-            crate::out::json(self);
+            crate::screen::json(self);
             return;
         }
-        let line = |t: String| crate::out::line(t);
+        let line = |t: String| crate::screen::line(t);
         line("----".into());
         if self.dry_run {
             line(format!("dry run: nothing was changed ({})", self.operation));
@@ -186,7 +194,7 @@ impl Summary {
             "{}: {done} of {} done, {} in {:.1} s ({:.2} GB/s)",
             self.operation,
             self.containers.len(),
-            crate::human::bytes(self.bytes),
+            human::bytes(self.bytes),
             self.seconds,
             self.gb_per_s
         ));

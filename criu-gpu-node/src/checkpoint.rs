@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use super::kube::Kubelet;
-use super::pods::GpuContainer;
-use super::progress::{Board, Phase};
-use super::store::{Status, Store};
-use super::NodeError;
+use crate::kube::Kubelet;
+use crate::pods::GpuContainer;
+use crate::progress::{Board, Phase};
+use crate::store::{Status, Store};
+use crate::NodeError;
 
 /// A saved archive.
 #[derive(Debug, Clone)]
@@ -81,7 +81,7 @@ fn one(
 ) -> Result<Saved, NodeError> {
     let start = Instant::now();
     board.set(i, Phase::Checkpointing(start));
-    let record = |f: &dyn Fn(&mut super::store::ContainerRecord)| -> Result<(), NodeError> {
+    let record = |f: &dyn Fn(&mut crate::store::ContainerRecord)| -> Result<(), NodeError> {
         match store {
             Some(s) => s.container(&t.namespace, &t.pod, &t.container, |c| f(c)),
             None => Ok(()),
