@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use crate::criu_bin;
 use crate::human::bytes;
-use crate::netlock::{NetworkLock, NodeLocks, CRIU_DEFAULT};
 use crate::out;
 use crate::runtime_conf::{self, LockSetting};
+use criu_gpu_host::netlock::{NetworkLock, NodeLocks, CRIU_DEFAULT};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -360,7 +360,7 @@ fn host_memory(inv: &cuda_checkpoint_ctl::inventory::Inventory) -> Finding {
 /// The node's transparent huge page policy: what a GPU checkpoint gains from `always`, and a
 /// policy left raised by a guardian that died.
 fn huge_pages() -> Finding {
-    use criu_gpu_image::thp::{Policy, Thp};
+    use criu_gpu_host::thp::{Policy, Thp};
     let thp = Thp::default();
     let state = thp.state();
     let policy = match thp.policy() {
@@ -386,7 +386,7 @@ fn huge_pages() -> Finding {
             format!(
                 "echo {} > {}/enabled (the next checkpoint also puts it back)",
                 orig.as_str(),
-                criu_gpu_image::thp::SYSFS
+                criu_gpu_host::thp::SYSFS
             ),
         ),
         (Policy::Always, _) => ok(
@@ -493,13 +493,13 @@ fn runtimes(criu: Option<&Path>) -> Vec<Finding> {
             v.lines().next().unwrap_or("containerd").to_owned(),
         ));
     }
-    f.push(if Path::new(criu_gpu_image::settings::CONFIG_FILE).exists() {
-        ok("settings", format!("{} (read by every criu the runtimes start)", criu_gpu_image::settings::CONFIG_FILE))
+    f.push(if Path::new(criu_gpu_host::settings::CONFIG_FILE).exists() {
+        ok("settings", format!("{} (read by every criu the runtimes start)", criu_gpu_host::settings::CONFIG_FILE))
     } else {
         problem(
             "settings",
             Status::Warn,
-            format!("no {}: runtimes start criu without your environment, so CRIU_GPU_* settings cannot reach the plugin", criu_gpu_image::settings::CONFIG_FILE),
+            format!("no {}: runtimes start criu without your environment, so CRIU_GPU_* settings cannot reach the plugin", criu_gpu_host::settings::CONFIG_FILE),
             "install container-hooks/gpu-plugin.conf there (scripts/install.sh does)",
         )
     });

@@ -21,8 +21,8 @@ pub struct Verdict {
 
 /// Runs the restore checks (driver, GPUs, free memory, image integrity) against `c`.
 pub fn verdict(c: &Checkpoint) -> Verdict {
-    criu_gpu_image::settings::export_file_settings();
-    match criu_gpu_image::node::check(&c.images, c.complete()) {
+    criu_gpu_host::settings::export_file_settings();
+    match criu_gpu_host::restore_check::check(&c.images, c.complete()) {
         Ok(_) => Verdict {
             can_restore: true,
             reason: None,

@@ -2,7 +2,7 @@
 //! job through CRIU with the options it needs ([`job`]); `check` and `inspect` read a
 //! checkpoint wherever it is ([`archive`]), `doctor` looks at this node ([`doctor`]),
 //! `runtime-config` writes the network lock it can take into the container runtimes' CRIU
-//! settings ([`runtime_conf`], [`netlock`]). `node` (checkpoint, drain and restore the GPU
+//! settings ([`runtime_conf`]). `node` (checkpoint, drain and restore the GPU
 //! workloads of a Kubernetes node) and `image` (an archive as a CRI-O checkpoint image) are the
 //! `criu-gpu-node` crate's: this one parses their arguments only.
 
@@ -14,7 +14,6 @@ pub mod error;
 pub mod human;
 pub mod inspect;
 pub mod job;
-pub mod netlock;
 pub mod out;
 pub mod runtime_conf;
 pub mod snapshots;

@@ -489,9 +489,9 @@ fn node_exit(result: Result<(), NodeError>, json: bool) -> u8 {
 }
 
 /// `criu-gpu thp -- CMD`: CMD with huge pages at `always`, through the guardians' own raise and
-/// put-back (gpu_image::thp), never by writing the knob here.
+/// put-back (criu_gpu_host::thp), never by writing the knob here.
 fn with_huge_pages(command: &[String]) -> Result<u8, Error> {
-    use criu_gpu_image::thp::{Thp, Want};
+    use criu_gpu_host::thp::{Thp, Want};
     let thp = Thp::default();
     let me = std::process::id() as i32;
     let raised = thp
@@ -564,8 +564,8 @@ fn runtime_config(
     dry_run: bool,
     json: bool,
 ) -> Result<u8, Error> {
-    use criu_gpu::netlock::NodeLocks;
     use criu_gpu::runtime_conf;
+    use criu_gpu_host::netlock::NodeLocks;
     let criu = criu.or_else(criu_gpu::criu_bin::find_criu).ok_or_else(|| {
         Error::Refused(
             "criu not found ($CRIU, PATH, /usr/local/sbin, /usr/sbin): it is what tells \

@@ -1,7 +1,7 @@
 //! CRIU's settings files for container runtimes: runc hands CRIU `/etc/criu/runc.conf` (Podman
 //! with runc, containerd, CRI-O), crun `/etc/criu/crun.conf`. What CRIU reads of them here: the
 //! network lock. `criu-gpu runtime-config` writes the method this node can take
-//! ([`crate::netlock`]) on a line of its own, marked, and changes nothing else: a file that does
+//! ([`criu_gpu_host::netlock`]) on a line of its own, marked, and changes nothing else: a file that does
 //! not exist starts from the project's template, an administrator's own `network-lock` line is
 //! left as it is (and reported when the node cannot take it). `criu-gpu doctor` reads the method
 //! a runtime's CRIU will use and says whether the node can take it.
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::netlock::{NetworkLock, NodeLocks};
+use criu_gpu_host::netlock::{NetworkLock, NodeLocks};
 
 /// CRIU's settings for every run (read first; a runtime's file overrides it).
 pub const DEFAULT_CONF: &str = "/etc/criu/default.conf";
@@ -271,7 +271,7 @@ fn write_atomically(file: &Path, text: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netlock::CRIU_DEFAULT;
+    use criu_gpu_host::netlock::CRIU_DEFAULT;
 
     const GPU_NODE: NodeLocks = NodeLocks {
         nftables: true,

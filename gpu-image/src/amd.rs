@@ -8,8 +8,6 @@ use amd_kfd::device::Kfd;
 use amd_kfd::image::ImageReader;
 use amd_kfd::topology::{map_gpus, Checks, Topology};
 
-use crate::settings::{Settings, SettingsError};
-
 /// This backend's entry in the image's inventory.
 pub const INVENTORY_NAME: &str = "criu_gpu_amd";
 
@@ -26,8 +24,6 @@ pub enum AmdCheckError {
          driver (or restore on a machine with AMD GPUs)"
     )]
     NoKfd,
-    #[error("{0}")]
-    Settings(#[from] SettingsError),
     #[error("this machine's KFD topology cannot be read: {0}")]
     Topology(String),
     #[error("{image}: {why}")]
@@ -69,30 +65,19 @@ fn name(p: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// The `KFD_*_CHECK` settings (CRIU's amdgpu plugin's names and spellings).
-pub fn checks(settings: &Settings) -> Result<Checks, SettingsError> {
-    let mut c = Checks::default();
-    for (key, check) in c.switches() {
-        if let Some(on) = settings.parsed(key, Checks::parse_switch)? {
-            *check = on;
-        }
-    }
-    Ok(c)
-}
-
 /// This machine's KFD topology.
 pub fn local_topology(kfd: &dyn Kfd) -> Result<Topology, AmdCheckError> {
     Topology::parse(&kfd.topology_root()).map_err(|e| AmdCheckError::Topology(e.to_string()))
 }
 
 /// Checks that every KFD image of `dir` is sound and that `kfd`'s GPUs can take it, with the
-/// `KFD_*_CHECK` relaxations of `settings`. `listed`: the image's inventory names the AMD
+/// `KFD_*_CHECK` relaxations `checks`. `listed`: the image's inventory names the AMD
 /// backend (then images must be there). `Ok(None)`: the checkpoint holds no AMD state.
 pub fn check(
     dir: &Path,
     listed: bool,
     kfd: Option<&dyn Kfd>,
-    settings: &Settings,
+    checks: &Checks,
 ) -> Result<Option<Vec<Matched>>, AmdCheckError> {
     let found = images(dir);
     if found.is_empty() {
@@ -104,7 +89,6 @@ pub fn check(
     }
     let kfd = kfd.ok_or(AmdCheckError::NoKfd)?;
     let local = local_topology(kfd)?;
-    let checks = checks(settings)?;
     let mut out = Vec::new();
     for p in &found {
         let bad = |why: String| AmdCheckError::Image {
@@ -112,7 +96,7 @@ pub fn check(
             why,
         };
         let img = ImageReader::open(p).map_err(|e| bad(e.to_string()))?;
-        let m = map_gpus(&img.meta.topology, &local, &checks).map_err(|e| bad(e.to_string()))?;
+        let m = map_gpus(&img.meta.topology, &local, checks).map_err(|e| bad(e.to_string()))?;
         out.push(Matched {
             image: name(p),
             pid: img.meta.pid,

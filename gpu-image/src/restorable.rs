@@ -1,7 +1,7 @@
 //! Whether a node can restore a checkpoint's CUDA state: the checks a restore makes before CRIU
 //! creates anything, as functions of the image directory and of what the node answered. The
 //! plugin runs them in `init` with the answers its guardian got from the driver and NVML;
-//! `criu-gpu check` runs them outside CRIU (see [`crate::node`]).
+//! `criu-gpu check` runs them outside CRIU (`criu_gpu_host::restore_check`).
 
 use std::path::Path;
 
@@ -12,7 +12,6 @@ use crate::cuda::{self, CudaImage};
 use crate::digest::{self, DigestError, FileDigest};
 use crate::placement::{plan, Plan};
 use crate::record::{self, RecordError};
-use crate::settings::{Settings, SettingsError};
 use cuda_checkpoint_ctl::placement::Request;
 
 /// The image name of CRIU's own C CUDA plugin: its checkpoints are restored too.
@@ -62,8 +61,6 @@ pub enum CudaCheckError {
     Record(#[from] RecordError),
     #[error("{0}")]
     Digest(#[from] DigestError),
-    #[error("{0}")]
-    Settings(#[from] SettingsError),
     #[error(
         "the checkpoint holds {what}, but the CUDA driver cannot be used here: {reason}; install \
          the NVIDIA driver (r570 or later) or name it with CUDA_CKPT_LIBCUDA=PATH; nothing was \
@@ -101,16 +98,6 @@ pub fn holds(dir: &Path, listed: Listed) -> Result<Option<CudaHolds>, CudaCheckE
     })
 }
 
-/// Where the GPU state goes: CRIU_GPU_DEVICE_MAP, or the same GPUs.
-pub fn placement(settings: &Settings) -> Result<Request, CudaCheckError> {
-    Ok(settings
-        .parsed("CRIU_GPU_DEVICE_MAP", |v| {
-            v.parse::<Request>()
-                .map_err(|e| format!("{e}; use OLD_UUID=NEW_UUID[,...], auto or same"))
-        })?
-        .unwrap_or_default())
-}
-
 /// What `verify_digests` checked, and what it left for later.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Checked {
@@ -121,17 +108,10 @@ pub struct Checked {
     pub later: Vec<FileDigest>,
 }
 
-/// Checks the image files against the digests the dump recorded (unless `CRIU_GPU_DIGESTS=0`):
-/// every file's size, and the contents of all but the large pages images. `None` when nothing
-/// was checked.
-pub fn verify_digests(
-    img: &CudaImage,
-    dir: &Path,
-    settings: &Settings,
-) -> Result<Option<Checked>, CudaCheckError> {
-    if settings.flag("CRIU_GPU_DIGESTS")? == Some(false) {
-        return Ok(None);
-    }
+/// Checks the image files against the digests the dump recorded: every file's size, and the
+/// contents of all but the large pages images. `None` when nothing was checked. (Whether to
+/// check at all is the caller's setting, `CRIU_GPU_DIGESTS`.)
+pub fn verify_digests(img: &CudaImage, dir: &Path) -> Result<Option<Checked>, CudaCheckError> {
     if img.digests.is_empty() {
         tracing::warn!(
             "the record holds no digests of the image files (the dump could not take them): the \

@@ -377,7 +377,7 @@ fn thp_runs_a_command_with_huge_pages_and_puts_the_policy_back() {
     let before = std::fs::read_to_string(knob)
         .unwrap_or_else(|e| panic!("needs transparent huge pages ({knob}: {e})"));
     // Dumps of other tests may hold the policy raised for a moment: wait for it to be free.
-    let held = || criu_gpu_image::thp::Thp::default().state().holders;
+    let held = || criu_gpu_host::thp::Thp::default().state().holders;
     assert!(wait_until(std::time::Duration::from_secs(60), || held().is_empty()));
     let before = std::fs::read_to_string(knob).unwrap_or(before);
     let out = Command::new(artifact("criu-gpu"))

@@ -504,7 +504,7 @@ fn criu_killed_at_post_dump_leaves_the_job_running_with_its_gpu_state_and_connec
     let log = guardian();
     assert!(log.contains("took back CRIU's network lock"), "{log}");
     assert!(log.contains("out of the repair mode"), "{log}");
-    assert!(!criu_gpu_image::netlock::is_locked(&id).unwrap());
+    assert!(!criu_gpu_host::netlock::is_locked(&id).unwrap());
     for f in &held {
         std::fs::remove_file(f).unwrap();
     }

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use criu_gpu_image::thp::{Thp, Want};
+use criu_gpu_host::thp::{Thp, Want};
 use gpu_ckpt_tests::criu::{self, assert_ok, plugin_lines, Criu};
 use gpu_ckpt_tests::*;
 
@@ -166,7 +166,7 @@ fn a_damaged_large_pages_image_is_found_while_restoring_and_the_tree_never_runs(
 }
 
 /// The node's transparent huge page policy at `always` until dropped, held the way the plugin's
-/// guardians hold it (`criu_gpu_image::thp`), so that dumps of other tests share it: the last
+/// guardians hold it (`criu_gpu_host::thp`), so that dumps of other tests share it: the last
 /// holder out puts the node's policy back.
 struct ThpAlways(Thp);
 

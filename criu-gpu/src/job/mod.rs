@@ -206,7 +206,7 @@ fn read_job(pid: i32) -> Result<JobFacts, JobError> {
 /// The options the job needs; a network lock only when it has connections to keep.
 fn dump_plan(facts: &JobFacts, criu: &Path) -> Plan {
     let lock = if facts.established().next().is_some() {
-        crate::netlock::NodeLocks::probe(criu).choose()
+        criu_gpu_host::netlock::NodeLocks::probe(criu).choose()
     } else {
         None
     };
@@ -356,12 +356,12 @@ fn release_network_lock(dir: &Path) {
             return;
         }
     };
-    let table = criu_gpu_image::netlock::table(&id);
-    match criu_gpu_image::netlock::unlock(&id) {
-        Ok(criu_gpu_image::netlock::Unlocked::Removed) => out::line(format!(
+    let table = criu_gpu_host::netlock::table(&id);
+    match criu_gpu_host::netlock::unlock(&id) {
+        Ok(criu_gpu_host::netlock::Unlocked::Removed) => out::line(format!(
             "network: took back CRIU's lock of the job's connections ({table})"
         )),
-        Ok(criu_gpu_image::netlock::Unlocked::NotLocked) => {}
+        Ok(criu_gpu_host::netlock::Unlocked::NotLocked) => {}
         Err(e) => out::line(format!(
             "warning: CRIU's lock of the job's connections ({table}) could not be taken back: {e}; \
              `nft delete table {table}` removes it"
@@ -653,8 +653,8 @@ fn restore_plan(rec: &JobRecord, how: &RestoreHow, dir: &Path) -> Plan {
         notes: Vec::new(),
     };
     file_problems(dir, how.truncate_grown, &mut plan);
-    criu_gpu_image::settings::export_file_settings();
-    if let Err(e) = criu_gpu_image::node::check(dir, false) {
+    criu_gpu_host::settings::export_file_settings();
+    if let Err(e) = criu_gpu_host::restore_check::check(dir, false) {
         plan.problems.push(Problem {
             what: e.to_string(),
             fix: String::new(),

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::facts::JobFacts;
 use crate::human::bytes;
-pub use crate::netlock::NetworkLock;
+pub use criu_gpu_host::netlock::NetworkLock;
 
 /// CRIU copies unlinked files into the images whole, up to `--ghost-limit` (1 MiB by default).
 const GHOST_DEFAULT: u64 = 1 << 20;
@@ -181,7 +181,7 @@ impl Plan {
                        nftables (this CRIU was built without it) nor with iptables \
                        (iptables-restore is missing)"
                     .into(),
-                fix: crate::netlock::NodeLocks::NO_LOCK_FIX.into(),
+                fix: criu_gpu_host::netlock::NodeLocks::NO_LOCK_FIX.into(),
             }),
         }
         let outside = facts.outside_connections();

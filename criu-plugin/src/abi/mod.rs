@@ -286,7 +286,7 @@ extern "C" fn init(stage: c_int) -> c_int {
 fn start_plugin(stage: c_int) -> Result<(), crate::core::HookError> {
     fault("log");
     crate::log::init(NAME, criu::log);
-    criu_gpu_image::settings::export_file_settings();
+    criu_gpu_host::settings::export_file_settings();
     let Some(stage) = Stage::from_raw(stage) else {
         return Ok(());
     };

@@ -1,9 +1,9 @@
 //! A failed hook, as a typed cause. Its `Display` is the operator's message: what went wrong,
 //! what state things were left in, and what to do.
 
+use criu_gpu_host::settings::SettingsError;
 use criu_gpu_image::digest::DigestError;
 use criu_gpu_image::record::RecordError;
-use criu_gpu_image::settings::SettingsError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use criu_gpu_host::settings::Settings;
 use criu_gpu_image::addrmap::{self, AddressMap};
-use criu_gpu_image::settings::Settings;
 
 /// Why a restore with an address map cannot run.
 #[derive(Debug, thiserror::Error)]

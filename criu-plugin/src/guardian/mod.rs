@@ -30,8 +30,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use criu_gpu_host::thp::{Raised, Want};
 use criu_gpu_image::digest::FileDigest;
-use criu_gpu_image::thp::{Raised, Want};
 use cuda_checkpoint_ctl::driver::DriverInfo;
 use cuda_checkpoint_ctl::inventory::Inventory;
 use rustix::event::{poll, PollFd, PollFlags};
@@ -199,7 +199,7 @@ impl Guardian {
         self.request(|seq| Order::Inventory { seq })
     }
 
-    /// Asks the guardian to raise the node's huge page policy (see [`criu_gpu_image::thp`]).
+    /// Asks the guardian to raise the node's huge page policy (see [`criu_gpu_host::thp`]).
     pub fn raise_thp(&mut self, want: Want) -> Result<Ticket<Raised>, GuardianError> {
         self.request(|seq| Order::RaiseThp { seq, want })
     }

@@ -6,8 +6,8 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
+use criu_gpu_host::thp::{Raised, Want};
 use criu_gpu_image::digest::FileDigest;
-use criu_gpu_image::thp::{Raised, Want};
 use cuda_checkpoint_ctl::driver::{code, DriverInfo, GpuUuid, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
 use serde::{Deserialize, Serialize};

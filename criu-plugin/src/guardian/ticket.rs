@@ -5,7 +5,7 @@
 
 use std::marker::PhantomData;
 
-use criu_gpu_image::thp::Raised;
+use criu_gpu_host::thp::Raised;
 use cuda_checkpoint_ctl::inventory::Inventory;
 
 use super::proto::{Answer, DriverFailure};

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use amd_kfd::device::KfdError;
+use criu_gpu_host::settings::SettingsError;
 use criu_gpu_image::amd::AmdCheckError;
-use criu_gpu_image::settings::SettingsError;
 
 use crate::guardian::GuardianError;
 

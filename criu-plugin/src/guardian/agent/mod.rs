@@ -19,9 +19,9 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use criu_gpu_host::thp::{Raised, Thp, Want};
 use criu_gpu_image::digest::FileDigest;
 use criu_gpu_image::restorable;
-use criu_gpu_image::thp::{Raised, Thp, Want};
 use rustix::event::{poll, PollFd, PollFlags};
 
 mod alone;

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use criu_gpu_image::netlock::{self, Unlocked};
-use criu_gpu_image::thp::Thp;
+use criu_gpu_host::netlock::{self, Unlocked};
+use criu_gpu_host::thp::Thp;
 use process_facts::process;
 
 use super::Leftovers;

@@ -22,7 +22,7 @@ use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use criu_gpu_image::thp::Thp;
+use criu_gpu_host::thp::Thp;
 use cuda_checkpoint_ctl::driver::{CudaError, DeviceMap, DriverInfo, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
 

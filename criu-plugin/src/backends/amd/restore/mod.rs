@@ -54,7 +54,8 @@ impl Restore {
             return Ok(None);
         };
         let kfd = detect();
-        let Some(matched) = amd::check(&dir, claims.ours, kfd.as_deref(), settings)? else {
+        let checks = settings.kfd_checks()?;
+        let Some(matched) = amd::check(&dir, claims.ours, kfd.as_deref(), &checks)? else {
             return Ok(None);
         };
         // `check` refuses images without a KFD to restore them on.
@@ -62,7 +63,6 @@ impl Restore {
         log_matches(&matched);
         tracing::info!("AMD GPUs: {}", kfd.describe());
         let local = amd::local_topology(kfd.as_ref())?;
-        let checks = amd::checks(settings)?;
         let fd_base = settings
             .parsed(FD_BASE_KEY, parse_fd_base)?
             .unwrap_or(FD_BASE);

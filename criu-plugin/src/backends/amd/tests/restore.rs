@@ -3,8 +3,8 @@
 use super::*;
 
 use amd_kfd::image::ImageReader;
+use criu_gpu_host::settings::SettingsError;
 use criu_gpu_image::amd::AmdCheckError;
-use criu_gpu_image::settings::SettingsError;
 
 #[test]
 fn a_restore_checks_images_up_front_then_restores_in_the_task() {
@@ -124,10 +124,10 @@ fn bad_settings_are_refused_by_name_before_restoring() {
     assert!(
         matches!(
             failure(&e),
-            AmdError::Check(AmdCheckError::Settings(SettingsError {
+            AmdError::Settings(SettingsError {
                 key: "KFD_FW_VER_CHECK",
                 ..
-            }))
+            })
         ),
         "{e:?}"
     );

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use cuda_checkpoint_ctl::driver::ProcessState;
 use process_facts::process::maps;
 
+use criu_gpu_host::thp::{Raised, Want};
 use criu_gpu_image::cuda::{Span, Usage};
-use criu_gpu_image::thp::{Raised, Want};
 
 use super::{Ctx, Dump, Phase, Proc, Tree};
 use crate::backends::cuda::error::{ActionFailure, DumpError, Held, Who};

@@ -54,7 +54,7 @@ impl Restore {
             ),
             Lazy::No => {}
         }
-        let placement = restorable::placement(&r.settings).map_err(check)?;
+        let placement = r.settings.device_map()?;
         // Forked before any thread of the plugin's runs in CRIU (the digests are hashed on some).
         let mut g = spawn(Watch::Restore)?;
         let later = match &holds {
@@ -89,9 +89,11 @@ impl Restore {
         dir: &Path,
         g: &mut Guardian,
     ) -> Result<Option<Later>, HookError> {
+        if self.settings.flag("CRIU_GPU_DIGESTS")? == Some(false) {
+            return Ok(None);
+        }
         let start = Instant::now();
-        let Some(checked) = restorable::verify_digests(img, dir, &self.settings).map_err(check)?
-        else {
+        let Some(checked) = restorable::verify_digests(img, dir).map_err(check)? else {
             return Ok(None);
         };
         let bytes: u64 = checked.later.iter().map(|d| d.size).sum();

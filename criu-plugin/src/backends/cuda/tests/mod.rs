@@ -16,9 +16,9 @@ use process_facts::process::memory::{Limit, Room};
 use process_facts::process::Libraries;
 use process_facts::refusal::{self, Refusal, RingSupport};
 
+use criu_gpu_host::thp::Thp;
 use criu_gpu_image::cuda::{CudaImage, FORMAT, RECORD, VERSION};
 use criu_gpu_image::record;
-use criu_gpu_image::thp::Thp;
 
 use super::error::{ActionFailure, DumpError, Held, LockFailure, RestoreError};
 use super::procs::Procs;

@@ -7,25 +7,30 @@ use std::path::Path;
 use cuda_checkpoint_ctl::driver::Driver;
 use cuda_checkpoint_ctl::inventory::Inventory;
 
-use crate::amd::{self, AmdCheckError};
-use crate::criu_image::{self, CriuImageError};
-use crate::restorable::{self, CudaCheckError, CudaHolds, CudaPlan, Listed, NvidiaNode};
-use crate::settings::Settings;
-use crate::{cuda, restorable::UPSTREAM_PLUGIN};
+use criu_gpu_image::amd::{self, AmdCheckError};
+use criu_gpu_image::criu_image::{self, CriuImageError};
+use criu_gpu_image::cuda;
+use criu_gpu_image::restorable::{
+    self, CudaCheckError, CudaHolds, CudaPlan, Listed, NvidiaNode, UPSTREAM_PLUGIN,
+};
+
+use crate::settings::{Settings, SettingsError};
 
 #[derive(Debug, thiserror::Error)]
-pub enum NodeCheckError {
+pub enum RestoreCheckError {
     #[error("{0}")]
     Image(#[from] CriuImageError),
     #[error("{0}")]
     Cuda(#[from] CudaCheckError),
     #[error("{0}")]
     Amd(#[from] AmdCheckError),
+    #[error("{0}")]
+    Settings(#[from] SettingsError),
 }
 
 /// What the checks found.
 #[derive(Debug, Clone, Default)]
-pub struct NodeCheck {
+pub struct RestoreCheck {
     /// What the checkpoint holds for CUDA, and where it would go here.
     pub cuda: Option<(CudaHolds, CudaPlan)>,
     /// Each AMD image and its GPUs here.
@@ -56,14 +61,15 @@ pub fn listed(dir: &Path) -> Result<(Listed, bool), CriuImageError> {
 
 /// Runs every restore check against the image directory `dir`. `complete`: it holds every image
 /// file (not the few taken out of an archive), so their digests are checked too.
-pub fn check(dir: &Path, complete: bool) -> Result<NodeCheck, NodeCheckError> {
+pub fn check(dir: &Path, complete: bool) -> Result<RestoreCheck, RestoreCheckError> {
     let settings = Settings::load();
     let (listed, amd_listed) = listed(dir)?;
-    let mut out = NodeCheck::default();
+    let mut out = RestoreCheck::default();
     if let Some(holds) = restorable::holds(dir, listed)? {
-        let placement = restorable::placement(&settings)?;
-        if let (CudaHolds::Record(img), true) = (&holds, complete) {
-            if let Some(checked) = restorable::verify_digests(img, dir, &settings)? {
+        let placement = settings.device_map()?;
+        let digests = settings.flag("CRIU_GPU_DIGESTS")? != Some(false);
+        if let (CudaHolds::Record(img), true, true) = (&holds, complete, digests) {
+            if let Some(checked) = restorable::verify_digests(img, dir)? {
                 restorable::verify_later(dir, &checked.later, 16)?;
             }
         }
@@ -77,7 +83,7 @@ pub fn check(dir: &Path, complete: bool) -> Result<NodeCheck, NodeCheckError> {
         out.cuda = Some((holds, plan));
     }
     let kfd = amd_kfd::device::detect();
-    if let Some(m) = amd::check(dir, amd_listed, kfd.as_deref(), &settings)? {
+    if let Some(m) = amd::check(dir, amd_listed, kfd.as_deref(), &settings.kfd_checks()?)? {
         out.amd = m;
     }
     Ok(out)

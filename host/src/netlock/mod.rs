@@ -1,7 +1,13 @@
-//! The network lock CRIU takes while it dumps a network namespace (every container with one of
-//! its own) or TCP connections: which methods this node can take, and which one to use. One
-//! rule, used by `criu-gpu dump`, by `criu-gpu runtime-config` (the runtimes' settings files,
-//! which `scripts/install.sh` writes through it) and by `criu-gpu doctor`.
+//! CRIU's network lock, in one place: CRIU takes it while it dumps a network namespace (every
+//! container with one of its own) or TCP connections. Which methods this node can take and which
+//! one to use (here: one rule, used by `criu-gpu dump`, by `criu-gpu runtime-config`, the
+//! runtimes' settings files that `scripts/install.sh` writes through it, and by `criu-gpu
+//! doctor`), and taking a run's nftables lock back when CRIU cannot ([`nftables`]: the guardian
+//! and `criu-gpu dump`).
+
+mod nftables;
+
+pub use self::nftables::{is_locked, table, unlock, Unlocked};
 
 use std::path::Path;
 use std::process::Command;

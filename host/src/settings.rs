@@ -14,6 +14,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use amd_kfd::topology::Checks;
+use cuda_checkpoint_ctl::placement::Request;
+
 pub const CONFIG_FILE: &str = "/etc/criu/gpu-plugin.conf";
 pub const CONFIG_ENV: &str = "CRIU_GPU_CONFIG";
 
@@ -256,6 +259,29 @@ impl Settings {
             from: src.clone(),
             expected: e.to_string(),
         })
+    }
+}
+
+impl Settings {
+    /// Where the GPU state goes: CRIU_GPU_DEVICE_MAP, or the same GPUs.
+    pub fn device_map(&self) -> Result<Request, SettingsError> {
+        Ok(self
+            .parsed("CRIU_GPU_DEVICE_MAP", |v| {
+                v.parse::<Request>()
+                    .map_err(|e| format!("{e}; use OLD_UUID=NEW_UUID[,...], auto or same"))
+            })?
+            .unwrap_or_default())
+    }
+
+    /// The `KFD_*_CHECK` settings (CRIU's amdgpu plugin's names and spellings).
+    pub fn kfd_checks(&self) -> Result<Checks, SettingsError> {
+        let mut c = Checks::default();
+        for (key, check) in c.switches() {
+            if let Some(on) = self.parsed(key, Checks::parse_switch)? {
+                *check = on;
+            }
+        }
+        Ok(c)
     }
 }
 
