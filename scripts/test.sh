@@ -70,17 +70,33 @@ if grep -q AMD_KFD_SIM_ROOT target/release/libcriu_gpu_plugin.so; then
 	exit 1
 fi
 echo "ok: target/release/libcriu_gpu_plugin.so has no simulated driver in it"
-# The plugin is linked into CRIU: no command-line parser in it (the ctl's `cli` feature), no
-# catch-all error type (its libraries answer typed errors), no CUDA binding crate (the six
-# structs it needs are declared in cuda-checkpoint-ctl's driver::cuda_h).
-plugin_deps=$(cargo tree --locked -p criu-gpu-plugin -e normal --prefix none)
-for crate in clap anyhow cudarc; do
-	if grep -q "^$crate " <<<"$plugin_deps"; then
-		echo "test.sh: $crate is in the plugin's dependency graph (cargo tree -p criu-gpu-plugin -e normal -i $crate)" >&2
-		exit 1
-	fi
-done
-echo "ok: no clap, anyhow or cudarc in the plugin's dependency graph"
+# The floors of docs/design.md's drawing: no crate reaches one above it (cargo refuses circles
+# itself; this refuses arrows back up). The plugin is linked into CRIU: no command-line parser
+# (the ctl's `cli` feature), no catch-all error type (its libraries answer typed errors), no CUDA
+# binding crate (the six structs it needs are declared in cuda-checkpoint-ctl's driver::cuda_h),
+# and none of the Kubernetes client's HTTP, TLS or YAML code in it.
+never_below() {
+	local crate=$1 deps
+	shift
+	deps=$(cargo tree --locked -p "$crate" -e normal --prefix none | awk '{print $1}' | sort -u)
+	for above in "$@"; do
+		if grep -qx "$above" <<<"$deps"; then
+			echo "test.sh: $crate depends on $above (cargo tree -p $crate -e normal -i $above)" >&2
+			exit 1
+		fi
+	done
+}
+tools=(criu-gpu-plugin criu-gpu criu-gpu-node)
+ours=(process-facts cuda-checkpoint-ctl amd-kfd criu-gpu-image criu-gpu-host "${tools[@]}")
+never_below process-facts cuda-checkpoint-ctl amd-kfd criu-gpu-image criu-gpu-host snapshot-store "${tools[@]}"
+never_below cuda-checkpoint-ctl amd-kfd criu-gpu-image criu-gpu-host snapshot-store "${tools[@]}"
+never_below amd-kfd cuda-checkpoint-ctl criu-gpu-image criu-gpu-host snapshot-store "${tools[@]}"
+never_below criu-gpu-image criu-gpu-host snapshot-store "${tools[@]}"
+never_below criu-gpu-host snapshot-store "${tools[@]}"
+never_below snapshot-store "${ours[@]}"
+never_below criu-gpu-node criu-gpu criu-gpu-plugin criu-gpu-host criu-gpu-image cuda-checkpoint-ctl amd-kfd snapshot-store
+never_below criu-gpu-plugin criu-gpu criu-gpu-node snapshot-store clap anyhow cudarc ureq rustls yaml-rust2
+echo "ok: every crate depends only on the floors below it; no clap, anyhow, cudarc, HTTP, TLS or YAML in the plugin"
 step "the operator's packages, built and installed by apt into a fresh root"
 bash scripts/bundle.sh "$root/target/bundle"
 bash scripts/test-bundle.sh "$root/target/bundle"
