@@ -54,6 +54,15 @@ step "lints"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo clippy --locked --workspace --all-targets "${sim[@]}" -- -D warnings
 shellcheck -x scripts/*.sh scripts/gpu/*.sh scripts/gpu/containers/*.sh scripts/experiments/*.sh scripts/k8s/* third_party/criu/*.sh third_party/criu/tests/*.sh .ci/run
+# Settings travel down as values (docs/design.md, Layout): only the edges read the environment,
+# the ctl's command line and Settings::load (the plugin's init, a tool's command); layout.rs's
+# tests find CRIU's build tree.
+libs=(process-facts/src cuda-checkpoint-ctl/src amd-kfd/src gpu-image/src host/src criu-plugin/src)
+if grep -rlE 'env::(var|vars|var_os)\b' "${libs[@]}" |
+	grep -vxE 'cuda-checkpoint-ctl/src/cli/.*|host/src/settings/mod.rs|criu-plugin/src/abi/layout.rs'; then
+	echo "test.sh: the files above read the environment in a library: read it at the edge and pass the value down" >&2
+	exit 1
+fi
 step "build (the tests run the built binaries and libraries)"
 cargo build --locked --workspace "${sim[@]}"
 step "tests"

@@ -105,10 +105,12 @@ pub enum Command {
     Inspect { path: PathBuf },
     /// Is this node ready for GPU checkpoints? Each problem comes with its fix.
     Doctor {
-        /// The CUDA driver library (default: $CUDA_CKPT_LIBCUDA, else libcuda.so.1).
+        /// The CUDA driver library (default: the plugin's, CUDA_CKPT_LIBCUDA in the environment or
+        /// the settings file, else libcuda.so.1).
         #[arg(long)]
         driver: Option<String>,
-        /// The NVML library (default: $CUDA_CKPT_LIBNVML, else libnvidia-ml.so.1).
+        /// The NVML library (default: the plugin's, CUDA_CKPT_LIBNVML in the environment or the
+        /// settings file, else libnvidia-ml.so.1).
         #[arg(long)]
         nvml: Option<String>,
         /// Where checkpoint images will be written (repeatable), for the free-space check.

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use criu_gpu_host::settings::Settings;
 use criu_gpu_image::inspect::Inspection;
 use serde::Serialize;
 
@@ -19,10 +20,10 @@ pub struct Verdict {
     pub reason: Option<String>,
 }
 
-/// Runs the restore checks (driver, GPUs, free memory, image integrity) against `c`.
-pub fn verdict(c: &Checkpoint) -> Verdict {
-    criu_gpu_host::settings::export_file_settings();
-    match criu_gpu_host::restore_check::check(&c.images, c.complete()) {
+/// Runs the restore checks (driver, GPUs, free memory, image integrity) against `c`, with the
+/// plugin's `settings` on this node.
+pub fn verdict(c: &Checkpoint, settings: &Settings) -> Verdict {
+    match criu_gpu_host::restore_check::check(&c.images, c.complete(), settings) {
         Ok(_) => Verdict {
             can_restore: true,
             reason: None,
@@ -118,7 +119,7 @@ pub struct Report {
     pub job_part: Option<crate::job::cluster::part::Part>,
 }
 
-pub fn report(path: &Path, c: &Checkpoint) -> Report {
+pub fn report(path: &Path, c: &Checkpoint, settings: &Settings) -> Report {
     let (total, memory) = c.image_bytes();
     let mut largest = c.image_files.clone();
     largest.sort_by_key(|f| std::cmp::Reverse(f.size));
@@ -138,7 +139,7 @@ pub fn report(path: &Path, c: &Checkpoint) -> Report {
         other_files: c.other_files.clone(),
         annotations: c.annotations.clone(),
         gpu: criu_gpu_image::inspect::inspect(&c.images),
-        this_node: verdict(c),
+        this_node: verdict(c, settings),
         job_part: crate::job::cluster::part::Part::read(&c.images)
             .ok()
             .flatten(),

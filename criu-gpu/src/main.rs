@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::Parser;
@@ -11,6 +12,8 @@ use criu_gpu::archive::Checkpoint;
 use criu_gpu::cli::{Cli, Command, KubeArgs, NodeCommand, SelectArgs};
 use criu_gpu::error::Error;
 use criu_gpu::{cli, doctor, inspect, job, out, snapshots};
+use criu_gpu_host::settings::declared::{LIBCUDA, LIBNVML};
+use criu_gpu_host::settings::Settings;
 use criu_gpu_node::{drain, http::Tls, oci, restore, Access, NodeError};
 use snapshot_store::Compression;
 
@@ -20,7 +23,7 @@ fn main() -> ExitCode {
     // the environment.
     if args.len() == 1 {
         if let Ok(action) = std::env::var("CRTOOLS_SCRIPT_ACTION") {
-            return if job::action_script(&action) {
+            return if job::action_script(&action, &Settings::load()) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
@@ -69,6 +72,19 @@ fn report(e: &Error, json: bool) -> ExitCode {
     }
     eprintln!("criu-gpu: {e}");
     ExitCode::from(e.exit_code())
+}
+
+/// The plugin's settings on this node (its driver libraries, the device map, ...), read once per
+/// command. The simulated driver's variables in the settings file go into this process's
+/// environment as they are read, before any thread starts, for the driver a command may load.
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+fn settings() -> &'static Settings {
+    SETTINGS.get_or_init(|| {
+        let s = Settings::load();
+        s.pass_to_driver();
+        s
+    })
 }
 
 fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
@@ -258,7 +274,7 @@ fn inspect_command(path: &Path, json: bool) -> Result<u8, Error> {
         return snapshots::command::list(&path.display().to_string(), json);
     }
     let c = Checkpoint::open(path)?;
-    let r = inspect::report(path, &c);
+    let r = inspect::report(path, &c, settings());
     if json {
         out::json(&r);
     } else {
@@ -268,7 +284,14 @@ fn inspect_command(path: &Path, json: bool) -> Result<u8, Error> {
 }
 
 /// `criu-gpu doctor`: exit status 1 when a check failed.
-fn doctor_command(opts: &doctor::Options, json: bool) -> Result<u8, Error> {
+fn doctor_command(given: &doctor::Options, json: bool) -> Result<u8, Error> {
+    // By default, the libraries the plugin would load.
+    let named = |s| settings().get(s).ok().flatten();
+    let opts = &doctor::Options {
+        driver: given.driver.clone().or_else(|| named(&LIBCUDA)),
+        nvml: given.nvml.clone().or_else(|| named(&LIBNVML)),
+        image_dirs: given.image_dirs.clone(),
+    };
     for (flag, v) in [("--driver", &opts.driver), ("--nvml", &opts.nvml)] {
         if v.as_deref() == Some("") {
             return Err(Error::Usage(format!(
@@ -332,7 +355,7 @@ fn check(path: &Path, json: bool) -> Result<u8, Error> {
     let (code, verdict) = if held.is_empty() {
         (0, None)
     } else {
-        let v = inspect::verdict(&c);
+        let v = inspect::verdict(&c, settings());
         (u8::from(!v.can_restore), Some(v))
     };
     if json {
@@ -457,7 +480,7 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
 /// `node restore --check`: the plugin's restore checks on this node, on one archive.
 fn can_restore_here(archive: &Path) -> Result<(), String> {
     let ck = Checkpoint::open(archive).map_err(|e| e.to_string())?;
-    match inspect::verdict(&ck).reason {
+    match inspect::verdict(&ck, settings()).reason {
         Some(why) => Err(why),
         None => Ok(()),
     }
@@ -551,6 +574,7 @@ fn job_request(
         criu: a.criu,
         extra: a.extra,
         verbose,
+        settings: settings().clone(),
     };
     Ok((r, across))
 }

@@ -54,13 +54,10 @@ pub struct NvmlError {
 }
 
 impl Inventory {
-    /// Reads the machine's GPUs from `library`, else `$CUDA_CKPT_LIBNVML`, else the system NVML.
+    /// Reads the machine's GPUs from `library`, else the system NVML. (The caller reads
+    /// `$CUDA_CKPT_LIBNVML`, [`LIBNVML_ENV`], where its user sets it.)
     pub fn query(library: Option<&str>) -> Result<Inventory, NvmlError> {
-        let env = std::env::var(LIBNVML_ENV).ok().filter(|s| !s.is_empty());
-        let lib = library
-            .map(str::to_owned)
-            .or(env)
-            .unwrap_or_else(|| DEFAULT_LIBNVML.to_owned());
+        let lib = library.unwrap_or(DEFAULT_LIBNVML).to_owned();
         let err = |reason: String| NvmlError {
             library: lib.clone(),
             reason,

@@ -14,6 +14,7 @@ use criu_gpu_image::restorable::{
     self, CudaCheckError, CudaHolds, CudaPlan, Listed, NvidiaNode, UPSTREAM_PLUGIN,
 };
 
+use crate::settings::declared::{DEVICE_MAP, DIGESTS, LIBCUDA, LIBNVML};
 use crate::settings::{Settings, SettingsError};
 
 #[derive(Debug, thiserror::Error)]
@@ -59,22 +60,27 @@ pub fn listed(dir: &Path) -> Result<(Listed, bool), CriuImageError> {
     ))
 }
 
-/// Runs every restore check against the image directory `dir`. `complete`: it holds every image
-/// file (not the few taken out of an archive), so their digests are checked too.
-pub fn check(dir: &Path, complete: bool) -> Result<RestoreCheck, RestoreCheckError> {
-    let settings = Settings::load();
+/// Runs every restore check against the image directory `dir` with the plugin's `settings`.
+/// `complete`: it holds every image file (not the few taken out of an archive), so their digests
+/// are checked too.
+pub fn check(
+    dir: &Path,
+    complete: bool,
+    settings: &Settings,
+) -> Result<RestoreCheck, RestoreCheckError> {
     let (listed, amd_listed) = listed(dir)?;
     let mut out = RestoreCheck::default();
     if let Some(holds) = restorable::holds(dir, listed)? {
-        let placement = settings.device_map()?;
-        let digests = settings.flag("CRIU_GPU_DIGESTS")? != Some(false);
+        let placement = settings.get(&DEVICE_MAP)?;
+        let digests = settings.get(&DIGESTS)?;
         if let (CudaHolds::Record(img), true, true) = (&holds, complete, digests) {
             if let Some(checked) = restorable::verify_digests(img, dir)? {
                 restorable::verify_later(dir, &checked.later, 16)?;
             }
         }
-        let driver = Driver::load(None).map_err(|e| e.to_string());
-        let inventory = Inventory::query(None).map_err(|e| e.to_string());
+        let driver = Driver::load(settings.get(&LIBCUDA)?.as_deref()).map_err(|e| e.to_string());
+        let nvml = settings.get(&LIBNVML)?;
+        let inventory = Inventory::query(nvml.as_deref()).map_err(|e| e.to_string());
         let node = NvidiaNode {
             driver: driver.as_ref().map(|d| d.info()).map_err(String::as_str),
             inventory: inventory.as_ref().map_err(String::as_str),
@@ -82,7 +88,7 @@ pub fn check(dir: &Path, complete: bool) -> Result<RestoreCheck, RestoreCheckErr
         let plan = restorable::check_node(&holds, node, &placement)?;
         out.cuda = Some((holds, plan));
     }
-    let kfd = amd_kfd::device::detect();
+    let kfd = settings.kfd();
     if let Some(m) = amd::check(dir, amd_listed, kfd.as_deref(), &settings.kfd_checks()?)? {
         out.amd = m;
     }

@@ -134,12 +134,8 @@ pub fn has_open(kfd: &dyn Kfd, pid: i32, file: BorrowedFd<'_>) -> bool {
         .any(|n| real::same_file(file, pid, n).unwrap_or(true))
 }
 
-/// The KFD of this machine: the simulation when `AMD_KFD_SIM_ROOT` names one, else the
-/// kernel's if `/dev/kfd` exists.
+/// The kernel's KFD, if `/dev/kfd` exists. (The simulated one is opened by name,
+/// [`sim::SimKfd::new`], where a test build's settings name it.)
 pub fn detect() -> Option<Box<dyn Kfd>> {
-    #[cfg(any(test, feature = "simulation"))]
-    if let Some(root) = std::env::var_os(sim::ROOT_ENV) {
-        return Some(Box::new(sim::SimKfd::new(root.into())));
-    }
     real::RealKfd::open().map(|k| Box::new(k) as Box<dyn Kfd>)
 }

@@ -37,44 +37,6 @@ impl Default for Checks {
     }
 }
 
-impl Checks {
-    /// The switches' names (CRIU's amdgpu plugin's), each with its check.
-    pub fn switches(&mut self) -> [(&'static str, &mut bool); 7] {
-        [
-            ("KFD_CAPABILITY_CHECK", &mut self.capability),
-            ("KFD_VRAM_SIZE_CHECK", &mut self.vram_size),
-            ("KFD_NUM_GWS_CHECK", &mut self.num_gws),
-            ("KFD_CACHES_COUNT_CHECK", &mut self.caches_count),
-            ("KFD_FW_VER_CHECK", &mut self.fw_version),
-            ("KFD_SDMA_FW_VER_CHECK", &mut self.sdma_fw_version),
-            ("KFD_NUMA_CHECK", &mut self.numa),
-        ]
-    }
-
-    /// A switch's value, as CRIU's amdgpu plugin spells it (0, 1, NO, YES; any case).
-    pub fn parse_switch(v: &str) -> Result<bool, String> {
-        match v.trim().to_ascii_lowercase().as_str() {
-            "1" | "yes" => Ok(true),
-            "0" | "no" => Ok(false),
-            _ => Err("use 0, 1, NO or YES".to_owned()),
-        }
-    }
-
-    /// The checks with the switches `get` knows of (`KFD_CAPABILITY_CHECK`,
-    /// `KFD_VRAM_SIZE_CHECK`, `KFD_NUM_GWS_CHECK`, `KFD_CACHES_COUNT_CHECK`, `KFD_FW_VER_CHECK`,
-    /// `KFD_SDMA_FW_VER_CHECK`, `KFD_NUMA_CHECK`; values 0/1/NO/YES). The plugin reads them
-    /// through its settings instead (criu_gpu_image::amd::checks).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Checks, String> {
-        let mut c = Checks::default();
-        for (name, slot) in c.switches() {
-            if let Some(v) = get(name) {
-                *slot = Checks::parse_switch(&v).map_err(|e| format!("{name}={v:?}: {e}"))?;
-            }
-        }
-        Ok(c)
-    }
-}
-
 /// Source gpu_id -> local gpu_id, and the CPU (NUMA) nodes they imply.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GpuMap {
@@ -464,8 +426,10 @@ mod tests {
         dst.nodes[1].props.fw_version -= 1;
         let e = map_gpus(&src, &dst, &Checks::default()).unwrap_err();
         assert!(e.to_string().contains("KFD_FW_VER_CHECK=0"), "{e}");
-        let relaxed =
-            Checks::from_lookup(|k| (k == "KFD_FW_VER_CHECK").then(|| "NO".into())).unwrap();
+        let relaxed = Checks {
+            fw_version: false,
+            ..Checks::default()
+        };
         assert!(map_gpus(&src, &dst, &relaxed).is_ok());
         // More VRAM is fine, less is not.
         let mut dst = single_gpu();
@@ -482,7 +446,6 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("device_id"));
-        assert!(Checks::from_lookup(|_| Some("maybe".into())).is_err());
     }
 
     #[test]

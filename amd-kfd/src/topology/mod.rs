@@ -13,8 +13,6 @@ use serde::{Deserialize, Serialize};
 pub use self::matching::{map_gpus, Checks, GpuMap, MatchError};
 
 pub const TOPOLOGY_ROOT: &str = "/sys/class/kfd/kfd/topology/nodes";
-/// Environment variable naming another topology root (the simulated KFD, tests).
-pub const TOPOLOGY_ENV: &str = "AMD_KFD_TOPOLOGY_ROOT";
 pub const LINK_PCIE: u32 = 2;
 pub const LINK_XGMI: u32 = 11;
 const HEAP_PUBLIC: u64 = 1;
@@ -174,11 +172,9 @@ props_table!(
 );
 
 impl Topology {
-    /// The root to read: `$AMD_KFD_TOPOLOGY_ROOT`, else the kernel's.
+    /// The kernel's topology root.
     pub fn default_root() -> PathBuf {
-        std::env::var_os(TOPOLOGY_ENV)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(TOPOLOGY_ROOT))
+        PathBuf::from(TOPOLOGY_ROOT)
     }
 
     /// Parses the `nodes` directory. Nodes that cannot be reached (a container's device cgroup

@@ -110,7 +110,8 @@ impl JobFacts {
     /// asked how many GPUs there are maps libcuda without a context, and is no rank (the plugin
     /// counts the same way). Without a driver, or for a process it may not ask, the mapping
     /// stands.
-    pub fn confirm_cuda(&mut self) {
+    /// `libcuda`: the driver library to ask (else the system's).
+    pub fn confirm_cuda(&mut self, libcuda: Option<&str>) {
         use cuda_checkpoint_ctl::{driver::Driver, ops};
         let mappers: Vec<i32> = self
             .members
@@ -121,7 +122,7 @@ impl JobFacts {
         if mappers.is_empty() {
             return;
         }
-        let Ok(driver) = Driver::load(None) else {
+        let Ok(driver) = Driver::load(libcuda) else {
             return;
         };
         let survey = ops::survey(&driver, &mappers, std::time::Duration::from_secs(2));
@@ -131,14 +132,14 @@ impl JobFacts {
         }
     }
 
-    /// Each CUDA process's device memory, as NVML shows it (its library from CUDA_CKPT_LIBNVML,
-    /// as the plugin's). Without NVML it stays unknown.
-    pub fn read_device_memory(&mut self) {
+    /// Each CUDA process's device memory, as NVML shows it (`libnvml`: the plugin's
+    /// CUDA_CKPT_LIBNVML, else the system's). Without NVML it stays unknown.
+    pub fn read_device_memory(&mut self, libnvml: Option<&str>) {
         use cuda_checkpoint_ctl::inventory::Inventory;
         if !self.members.iter().any(|m| m.cuda) {
             return;
         }
-        let Ok(inv) = Inventory::query(None) else {
+        let Ok(inv) = Inventory::query(libnvml) else {
             return;
         };
         for m in self.members.iter_mut().filter(|m| m.cuda) {

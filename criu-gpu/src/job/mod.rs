@@ -20,6 +20,10 @@ mod signals;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use criu_gpu_host::settings::declared::{
+    ADDRESS_MAP, CLUSTER, DEVICE_MAP, LIBCUDA, LIBNVML, MIGRATE,
+};
+use criu_gpu_host::settings::Settings;
 use process_facts::process::{self, TcpState};
 use serde::Serialize;
 
@@ -91,6 +95,8 @@ pub struct Request {
     pub extra: Vec<String>,
     /// CRIU's log at -v4 instead of -v3.
     pub verbose: bool,
+    /// The plugin's settings on this node, read by the command line.
+    pub settings: Settings,
 }
 
 /// What was done.
@@ -163,7 +169,7 @@ fn now() -> u64 {
 /// Dumps the job rooted at `pid` into `r.dir` (killing it, unless `leave_running`).
 pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobError> {
     let criu = criu(r)?;
-    let facts = read_job(pid)?;
+    let facts = read_job(pid, &r.settings)?;
     let plan = show_or_refuse(dump_plan(&facts, &criu))?;
     let args = dump_args(pid, leave_running, r, &plan)?;
     let command = full_command(&criu, &args);
@@ -196,11 +202,16 @@ pub fn dump(pid: i32, leave_running: bool, r: &Request) -> Result<Outcome, JobEr
 }
 
 /// The job's processes, with which of them hold CUDA state confirmed, and their device memory.
-fn read_job(pid: i32) -> Result<JobFacts, JobError> {
+fn read_job(pid: i32, settings: &Settings) -> Result<JobFacts, JobError> {
     let mut facts = JobFacts::read(pid).ok_or(JobError::NoProcess(pid))?;
-    facts.confirm_cuda();
-    facts.read_device_memory();
+    facts.confirm_cuda(settings.get(&LIBCUDA).ok().flatten().as_deref());
+    facts.read_device_memory(libnvml(settings).as_deref());
     Ok(facts)
+}
+
+/// The NVML library the settings name (else the system's).
+fn libnvml(settings: &Settings) -> Option<String> {
+    settings.get(&LIBNVML).ok().flatten()
 }
 
 /// The options the job needs; a network lock only when it has connections to keep.
@@ -372,25 +383,25 @@ fn release_network_lock(dir: &Path) {
 /// `criu-gpu` as CRIU's action script (`action` from CRTOOLS_SCRIPT_ACTION): at post-dump, while
 /// the job is frozen, records the job's files in the image directory (CRTOOLS_IMAGE_DIR); what
 /// it cannot record is said on stderr (CRIU's) and left out. For a job across machines
-/// (`CRIU_GPU_CLUSTER` in CRIU's environment) it then waits at the barrier of post-dump or
-/// post-restore until every node is there; `false` (the dump or restore fails, on every node)
-/// when the job cannot go on.
-pub fn action_script(action: &str) -> bool {
+/// (`CRIU_GPU_CLUSTER` in CRIU's environment, read with `settings`) it then waits at the barrier
+/// of post-dump or post-restore until every node is there; `false` (the dump or restore fails,
+/// on every node) when the job cannot go on.
+pub fn action_script(action: &str, settings: &Settings) -> bool {
     // A move needs no record of the job's files (it is not a snapshot to go back to): no
     // hashing while the job is frozen.
-    if let Some(socket) = std::env::var_os(migrate::stage::SETTING) {
-        return migrate::action_script(Path::new(&socket), action);
+    if let Ok(Some(socket)) = settings.get(&MIGRATE) {
+        return migrate::action_script(&socket, action);
     }
     if action == "post-dump" {
         record_files();
     }
-    let Some(socket) = std::env::var_os(criu_gpu_image::cluster::SETTING) else {
+    let Ok(Some(socket)) = settings.get(&CLUSTER) else {
         return true;
     };
     if !matches!(action, "post-dump" | "post-restore") {
         return true;
     }
-    match cluster::serve::barrier(Path::new(&socket), action) {
+    match cluster::serve::barrier(&socket, action) {
         Ok(()) => true,
         Err(why) => {
             eprintln!("criu-gpu: the job's nodes did not all reach {action}: {why}");
@@ -469,7 +480,7 @@ fn ring_support(criu: &Path) -> process_facts::refusal::RingSupport {
 
 /// The plugin's setting for a restore that moves the job's connections.
 fn address_map_env(map: &criu_gpu_image::addrmap::AddressMap) -> (String, String) {
-    (criu_gpu_image::addrmap::SETTING.to_owned(), map.to_string())
+    (ADDRESS_MAP.key.to_owned(), map.to_string())
 }
 
 /// A restore that moves connections needs CRIU's UPDATE_INETSK hook (patch 0012), which only a
@@ -580,7 +591,7 @@ pub fn restore(how: &RestoreHow, r: &Request) -> Result<Outcome, JobError> {
     let rec =
         JobRecord::read(&r.dir)?.ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
     let mut env = device_map_env(how);
-    let mut plan = restore_plan(&rec, how, &r.dir);
+    let mut plan = restore_plan(&rec, how, &r.dir, &r.settings);
     if let Some(map) = how.address_map.as_ref().filter(|m| !m.is_empty()) {
         plan.problems.extend(address_map_problem(&criu, map));
         env.push(address_map_env(map));
@@ -637,15 +648,21 @@ pub fn restore(how: &RestoreHow, r: &Request) -> Result<Outcome, JobError> {
 fn device_map_env(how: &RestoreHow) -> Vec<(String, String)> {
     let mut env = Vec::new();
     if let Some(map) = &how.device_map {
-        env.push(("CRIU_GPU_DEVICE_MAP".to_owned(), map.clone()));
-        // The node check below reads the settings the plugin will read.
-        std::env::set_var("CRIU_GPU_DEVICE_MAP", map);
+        env.push((DEVICE_MAP.key.to_owned(), map.clone()));
     }
     env
 }
 
+/// The settings the plugin will read in a restore: this node's, and the map it is given.
+fn with_device_map(how: &RestoreHow, settings: &Settings) -> Settings {
+    match &how.device_map {
+        Some(map) => settings.clone().with(&DEVICE_MAP, map, "--device-map"),
+        None => settings.clone(),
+    }
+}
+
 /// What stands in the way of the restore: pids and ports, changed files, this node's GPUs.
-fn restore_plan(rec: &JobRecord, how: &RestoreHow, dir: &Path) -> Plan {
+fn restore_plan(rec: &JobRecord, how: &RestoreHow, dir: &Path, settings: &Settings) -> Plan {
     let mut plan = Plan {
         common: Vec::new(),
         dump: Vec::new(),
@@ -653,8 +670,8 @@ fn restore_plan(rec: &JobRecord, how: &RestoreHow, dir: &Path) -> Plan {
         notes: Vec::new(),
     };
     file_problems(dir, how.truncate_grown, &mut plan);
-    criu_gpu_host::settings::export_file_settings();
-    if let Err(e) = criu_gpu_host::restore_check::check(dir, false) {
+    if let Err(e) = criu_gpu_host::restore_check::check(dir, false, &with_device_map(how, settings))
+    {
         plan.problems.push(Problem {
             what: e.to_string(),
             fix: String::new(),

@@ -18,12 +18,13 @@ use std::os::fd::BorrowedFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use std::time::{Duration, Instant};
 
 use crate::core::{
-    stats, FinalState, HookResult, Host, Inventory, Plugin, Stage, ThreadControl, Verdict, NAME,
+    stats, FinalState, HookResult, Host, Inventory, Plugin, Settings, Stage, ThreadControl,
+    Verdict, NAME,
 };
 use crate::guardian::proto::Watch;
 use crate::guardian::{Dirs, Guardian, GuardianError, SpawnGuardian};
@@ -169,7 +170,7 @@ impl Host for CriuHost {
 /// Forks the guardian from CRIU's process (see [`crate::guardian`]). It keeps its own handles on
 /// the image directory, and on where its log goes: the images on dump, CRIU's work directory on
 /// restore (a restore leaves the images as they were).
-fn fork_guardian(watch: Watch) -> Result<Guardian, GuardianError> {
+fn fork_guardian(watch: Watch, settings: &Arc<Settings>) -> Result<Guardian, GuardianError> {
     let open = |p: PathBuf| std::fs::File::open(p).ok().map(std::os::fd::OwnedFd::from);
     let images = criu::image_dir_fd().and_then(|fd| open(format!("/proc/self/fd/{fd}").into()));
     let log = match watch.restore() {
@@ -177,7 +178,8 @@ fn fork_guardian(watch: Watch) -> Result<Guardian, GuardianError> {
         false => criu::image_dir_fd().and_then(|fd| open(format!("/proc/self/fd/{fd}").into())),
     };
     let dump_root = (!watch.restore()).then(criu::dump_root_pid).flatten();
-    Guardian::fork(watch, Dirs { images, log }, criu::run_id(), dump_root)
+    let dirs = Dirs { images, log };
+    Guardian::fork(watch, dirs, criu::run_id(), dump_root, settings.clone())
 }
 
 /// The inventory of the image CRIU restores, through CRIU's own functions.
@@ -282,20 +284,23 @@ extern "C" fn init(stage: c_int) -> c_int {
     })
 }
 
-/// `init`: CRIU's log, the settings file, and the plugin for CRIU's command.
+/// `init`: CRIU's log, the settings (read here, once, and passed down: nothing below reads the
+/// environment, and nothing is put into criu's), and the plugin for CRIU's command.
 fn start_plugin(stage: c_int) -> Result<(), crate::core::HookError> {
     fault("log");
     crate::log::init(NAME, criu::log);
-    criu_gpu_host::settings::export_file_settings();
     let Some(stage) = Stage::from_raw(stage) else {
         return Ok(());
     };
+    let settings = Arc::new(Settings::load());
     let host = CriuHost {
         required: Mutex::new(Vec::new()),
     };
-    let spawn: SpawnGuardian = std::sync::Arc::new(fork_guardian);
-    let mut plugin = Plugin::new(stage, Box::new(host), crate::backends::all(spawn));
-    plugin.load_address_map(&crate::core::Settings::load(), offers_update_inetsk())?;
+    let for_guardians = settings.clone();
+    let spawn: SpawnGuardian = Arc::new(move |watch| fork_guardian(watch, &for_guardians));
+    let backends = crate::backends::all(settings.clone(), spawn);
+    let mut plugin = Plugin::new(stage, Box::new(host), backends);
+    plugin.load_address_map(&settings, offers_update_inetsk())?;
     plugin.init(&CriuInventory)?;
     *PLUGIN.lock().unwrap_or_else(|e| e.into_inner()) = Some(plugin);
     tracing::debug!(?stage, "initialised");

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use criu_gpu_host::settings::declared::ADDRESS_MAP;
 use criu_gpu_host::settings::Settings;
 use criu_gpu_image::addrmap::{self, AddressMap};
 
@@ -37,10 +38,7 @@ impl Remap {
     /// The restore's address map, if one is set; refused where CRIU cannot call the hook
     /// (`offered`: whether the plugin could offer CRIU the hook).
     pub fn load(settings: &Settings, offered: bool) -> Result<Option<Remap>, super::HookError> {
-        let map = settings
-            .parsed(addrmap::SETTING, str::parse::<AddressMap>)?
-            .filter(|m| !m.is_empty());
-        let Some(map) = map else {
+        let Some(map) = settings.get(&ADDRESS_MAP)? else {
             return Ok(None);
         };
         if !offered {

@@ -19,7 +19,7 @@ use criu_gpu_image::timings::{self, Command};
 
 pub use self::error::HookError;
 pub use self::threads::{Released, ThreadControl, ThreadError, ThreadWindow};
-/// The node's settings live with the checkpoint image's rules (`criu-gpu` reads them too).
+/// The settings, read once by the C edge and passed down (`criu-gpu` reads them too).
 pub use criu_gpu_host::settings::{self, Settings};
 
 /// The plugin's name: CRIU's descriptor name, the inventory entry prefix, the log prefix.

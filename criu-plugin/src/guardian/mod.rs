@@ -30,6 +30,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use criu_gpu_host::settings::Settings;
 use criu_gpu_host::thp::{Raised, Want};
 use criu_gpu_image::digest::FileDigest;
 use cuda_checkpoint_ctl::driver::DriverInfo;
@@ -89,12 +90,13 @@ impl Guardian {
     /// all joined by then).
     /// `run_id`: this CRIU run's id, which names its network lock (taken back if CRIU dies);
     /// `dump_root`: the root of the tree a dump dumps (whose sockets are taken out of repair
-    /// mode if CRIU dies).
+    /// mode if CRIU dies); `settings`: the command's (which driver libraries to load).
     pub fn fork(
         watch: Watch,
         dirs: Dirs,
         run_id: Option<String>,
         dump_root: Option<i32>,
+        settings: Arc<Settings>,
     ) -> Result<Guardian, GuardianError> {
         // A restore's forks are followed from before the first one (the guardian's own).
         let events = match watch.restore() {
@@ -116,10 +118,13 @@ impl Guardian {
             .map(|d| d.as_raw_fd())
             .collect();
         let (link, pid) = sys::spawn(&keep, move |link, criu, criu_pid| {
+            // The guardian's own environment, while it runs one thread: the simulated driver's
+            // variables from the settings file, for the driver it is about to load.
+            settings.pass_to_driver();
             let lineage = watch
                 .restore()
                 .then(|| lineage::Lineage::follow(events, criu_pid));
-            let machine = machine::Real::new(dirs, lineage, run_id).dumping(dump_root);
+            let machine = machine::Real::new(dirs, lineage, run_id, settings).dumping(dump_root);
             let machine = Arc::new(machine);
             if let Ok(agent) = agent::Agent::new(watch, machine, link, criu, criu_pid) {
                 agent.run();

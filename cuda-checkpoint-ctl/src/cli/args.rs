@@ -100,8 +100,8 @@ pub struct Args {
     pub timeout: Option<u64>,
     /// A group is locked in rounds until one round locks every process at once: auto (NCCL
     /// ranks, which wait for each other on the GPU), on (any group), off (one lock each).
-    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = parse_rounds)]
-    pub lock_rounds: Rounds,
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = RoundsArg::Auto)]
+    pub lock_rounds: RoundsArg,
     /// Restore onto other GPUs: OLD_UUID=NEW_UUID[,...] (completed with this machine's GPUs),
     /// or 'auto'.
     #[arg(short, long, value_name = "MAP")]
@@ -131,8 +131,22 @@ pub struct Args {
     pub verbose: u8,
 }
 
-fn parse_rounds(s: &str) -> Result<Rounds, String> {
-    Rounds::parse(s).ok_or_else(|| format!("{s}: expected auto, on or off"))
+/// `--lock-rounds`'s words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RoundsArg {
+    Auto,
+    On,
+    Off,
+}
+
+impl From<RoundsArg> for Rounds {
+    fn from(a: RoundsArg) -> Rounds {
+        match a {
+            RoundsArg::Auto => Rounds::Auto,
+            RoundsArg::On => Rounds::On,
+            RoundsArg::Off => Rounds::Off,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

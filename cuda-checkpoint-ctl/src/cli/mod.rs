@@ -11,8 +11,8 @@ use std::time::Duration;
 use clap::Parser;
 use serde_json::json;
 
-use cuda_checkpoint_ctl::driver::{code, Call, DeviceMap, Driver};
-use cuda_checkpoint_ctl::inventory::Inventory;
+use cuda_checkpoint_ctl::driver::{code, Call, DeviceMap, Driver, LIBCUDA_ENV};
+use cuda_checkpoint_ctl::inventory::{Inventory, LIBNVML_ENV};
 use cuda_checkpoint_ctl::ops::{self, Goal, Options};
 use cuda_checkpoint_ctl::placement::{self, Request};
 use cuda_checkpoint_ctl::Error;
@@ -27,7 +27,7 @@ const EXIT_USAGE: i32 = 2;
 
 pub fn run(argv: impl IntoIterator<Item = OsString>) -> i32 {
     let argv: Vec<OsString> = argv.into_iter().collect();
-    let args = match Args::try_parse_from(&argv) {
+    let mut args = match Args::try_parse_from(&argv) {
         Ok(a) => a,
         Err(e) => {
             if !e.use_stderr() {
@@ -42,6 +42,10 @@ pub fn run(argv: impl IntoIterator<Item = OsString>) -> i32 {
         }
     };
     init_logging(args.verbose);
+    // The libraries' variables, read here, at the edge: the library takes names only.
+    let named = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
+    args.driver = args.driver.or_else(|| named(LIBCUDA_ENV));
+    args.nvml = args.nvml.or_else(|| named(LIBNVML_ENV));
     match dispatch(&args) {
         Ok(code) => code,
         Err(e) => {
@@ -112,7 +116,7 @@ fn dispatch(args: &Args) -> Result<i32, Error> {
         device_map: DeviceMap::default(),
         all_or_nothing: !args.no_rollback,
         wait: None,
-        rounds: args.lock_rounds,
+        rounds: args.lock_rounds.into(),
     };
     match target {
         Selector::Pid(pid) => single(args, &driver, pid, &goal, opts),

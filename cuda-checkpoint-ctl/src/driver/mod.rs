@@ -239,13 +239,10 @@ impl<T> Pending<T> {
 }
 
 impl Driver {
-    /// Loads the library named by `library`, else by `$CUDA_CKPT_LIBCUDA`, else `libcuda.so.1`.
+    /// Loads the library named by `library`, else `libcuda.so.1`. (The caller reads
+    /// `$CUDA_CKPT_LIBCUDA`, [`LIBCUDA_ENV`], where its user sets it.)
     pub fn load(library: Option<&str>) -> Result<Driver, LoadError> {
-        let env = std::env::var(LIBCUDA_ENV).ok().filter(|s| !s.is_empty());
-        let name = library
-            .map(str::to_owned)
-            .or(env)
-            .unwrap_or_else(|| DEFAULT_LIBCUDA.to_owned());
+        let name = library.unwrap_or(DEFAULT_LIBCUDA).to_owned();
         if name.trim().is_empty() {
             return Err(LoadError::Unnamed);
         }

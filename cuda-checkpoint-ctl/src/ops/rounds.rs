@@ -49,15 +49,6 @@ pub enum Rounds {
 }
 
 impl Rounds {
-    pub fn parse(s: &str) -> Option<Rounds> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Some(Rounds::Auto),
-            "1" | "on" | "yes" | "true" => Some(Rounds::On),
-            "0" | "off" | "no" | "false" => Some(Rounds::Off),
-            _ => None,
-        }
-    }
-
     /// Whether `running` processes, `ranks` of them NCCL ranks, are locked in rounds.
     pub fn wanted(self, running: usize, ranks: usize) -> bool {
         match self {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use cuda_checkpoint_ctl::driver::{DeviceMap, Driver};
+use cuda_checkpoint_ctl::driver::{DeviceMap, Driver, LIBCUDA_ENV};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -19,7 +19,8 @@ fn main() {
         .get(2)
         .and_then(|t| t.parse().ok())
         .map(Duration::from_millis);
-    let driver = Driver::load(None).unwrap_or_else(|e| panic!("{e}"));
+    let library = std::env::var(LIBCUDA_ENV).ok();
+    let driver = Driver::load(library.as_deref()).unwrap_or_else(|e| panic!("{e}"));
     let answer = match op.as_str() {
         "state" => driver.state(pid).map(|s| s.to_string()),
         "restore-tid" => driver.restore_thread_id(pid).map(|t| t.to_string()),

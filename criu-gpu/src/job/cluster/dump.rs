@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use criu_gpu_host::settings::declared::CLUSTER;
+
 use super::liveness::{self, IfFailed};
 use super::op::{Kind, NodeInfo, Op};
 use super::part::{Node, Part};
@@ -35,7 +37,7 @@ pub fn dump(
         )
     })?;
     let criu = job::criu(r)?;
-    let facts = job::read_job(pid)?;
+    let facts = job::read_job(pid, &r.settings)?;
     let plan = job::dump_plan(&facts, &criu);
     job::show_plan(&plan);
     let me = NodeInfo {
@@ -145,10 +147,7 @@ fn dump_in(
     let members = watch::members(facts);
     op.hold_members(members.clone());
     let _watch = Watch::start(op.clone(), members);
-    let env = vec![(
-        criu_gpu_image::cluster::SETTING.to_owned(),
-        server.path.display().to_string(),
-    )];
+    let env = vec![(CLUSTER.key.to_owned(), server.path.display().to_string())];
     job::record_before_criu(pid, facts, plan, &r.dir)?;
     let ran = job::run_dump(&criu, &args, &env, &command, &r.dir)?;
     Part {

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use criu_gpu_host::settings::declared::CLUSTER;
 use criu_gpu_image::addrmap::AddressMap;
 
 use super::liveness::{self, IfFailed};
@@ -29,7 +30,7 @@ pub fn restore(how: &RestoreHow, r: &Request, across: &Across) -> Result<Outcome
     let rec =
         JobRecord::read(&r.dir)?.ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
     let env = job::device_map_env(how);
-    let mut plan = job::restore_plan(&rec, how, &r.dir);
+    let mut plan = job::restore_plan(&rec, how, &r.dir, &r.settings);
     let mut me = NodeInfo {
         rank: part.node_rank,
         host: hostname(),
@@ -163,10 +164,7 @@ fn restore_in(
         what: "serving the restore's barrier on a unix socket".into(),
         source,
     })?;
-    env.push((
-        criu_gpu_image::cluster::SETTING.to_owned(),
-        server.path.display().to_string(),
-    ));
+    env.push((CLUSTER.key.to_owned(), server.path.display().to_string()));
     let ran = job::run_restore(criu, &args, &env, &command, &work)?;
     if !part.agents.is_empty() {
         let tree: Vec<i32> = rec.members.iter().map(|m| m.0).collect();

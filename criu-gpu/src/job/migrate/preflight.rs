@@ -44,9 +44,10 @@ pub struct Verdict {
 }
 
 impl Preflight {
-    /// The preflight of the job `facts` to be dumped with `plan`.
-    pub fn of(facts: &JobFacts, plan: &Plan) -> Preflight {
-        let (gpus, usage, nvml) = match Inventory::query(None) {
+    /// The preflight of the job `facts` to be dumped with `plan` (`libnvml`: the settings'
+    /// NVML, else the system's).
+    pub fn of(facts: &JobFacts, plan: &Plan, libnvml: Option<&str>) -> Preflight {
+        let (gpus, usage, nvml) = match Inventory::query(libnvml) {
             Ok(inv) => {
                 let usage = facts
                     .members
@@ -79,21 +80,21 @@ impl Preflight {
     }
 }
 
-/// The receiver's checks of `pre`: GPUs placed as `request` asks, with room on each; the pids;
-/// the image directory `dir`.
-pub fn check(pre: &Preflight, request: &Request, dir: &Path) -> Verdict {
+/// The receiver's checks of `pre`: GPUs placed as `request` asks, with room on each (NVML from
+/// `libnvml`, else the system's); the pids; the image directory `dir`.
+pub fn check(pre: &Preflight, request: &Request, libnvml: Option<&str>, dir: &Path) -> Verdict {
     let mut v = Verdict {
         host: crate::job::cluster::hostname(),
         ..Verdict::default()
     };
-    place(pre, request, &mut v);
+    place(pre, request, libnvml, &mut v);
     pids(pre, &mut v);
     directory(dir, &mut v);
     v
 }
 
 /// Where each GPU's state goes here, and whether it fits (the placement a restore makes).
-fn place(pre: &Preflight, request: &Request, v: &mut Verdict) {
+fn place(pre: &Preflight, request: &Request, libnvml: Option<&str>, v: &mut Verdict) {
     if let Some(e) = &pre.nvml {
         v.notes.push(format!(
             "the sender could not ask NVML ({e}): GPU memory is not checked before the move"
@@ -103,7 +104,7 @@ fn place(pre: &Preflight, request: &Request, v: &mut Verdict) {
     if pre.gpus.is_empty() {
         return;
     }
-    let here = match Inventory::query(None) {
+    let here = match Inventory::query(libnvml) {
         Ok(inv) => inv,
         Err(e) => {
             v.problems.push(format!(

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cuda_checkpoint_ctl::placement;
+use criu_gpu_host::settings::declared::DEVICE_MAP;
 
 use super::net;
 use super::preflight::{self, Preflight};
@@ -41,12 +41,10 @@ pub fn receive(
     if let Some(p) = super::streams_pages(&criu) {
         return Err(JobError::Refused(vec![p]));
     }
-    let request: placement::Request = how
-        .device_map
-        .as_deref()
-        .unwrap_or("")
-        .parse()
-        .map_err(|e| MigrateError::Usage(format!("--device-map: {e}")))?;
+    let settings = job::with_device_map(how, &r.settings);
+    let request = settings
+        .get(&DEVICE_MAP)
+        .map_err(|e| MigrateError::Usage(e.to_string()))?;
     let addr = net::listen_addr(listen).map_err(MigrateError::Usage)?;
     let listener = TcpListener::bind(addr).map_err(|e| MigrateError::Listen(listen.into(), e))?;
     out::line(format!(
@@ -61,7 +59,7 @@ pub fn receive(
         Msg::Preflight(p) => p,
         other => return Err(MigrateError::Lost(format!("unexpected {other:?}")).into()),
     };
-    let verdict = preflight::check(&pre, &request, &r.dir);
+    let verdict = preflight::check(&pre, &request, job::libnvml(&settings).as_deref(), &r.dir);
     say_offer(&pre, &verdict);
     wire.send(&Msg::Verdict(verdict.clone())).map_err(lost)?;
     if !verdict.problems.is_empty() || r.dry_run {
@@ -254,7 +252,7 @@ fn restore(
     args.extend(["--lazy-pages", "--pages-before-resume"].map(str::to_owned));
     let mut env = Vec::new();
     if !device_map.is_empty() {
-        env.push(("CRIU_GPU_DEVICE_MAP".to_owned(), device_map.to_owned()));
+        env.push((DEVICE_MAP.key.to_owned(), device_map.to_owned()));
     }
     if let Some(map) = how.address_map.as_ref().filter(|m| !m.is_empty()) {
         env.push(job::address_map_env(map));

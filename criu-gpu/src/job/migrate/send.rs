@@ -11,10 +11,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use criu_gpu_host::settings::declared::MIGRATE;
+
 use super::net;
 use super::preflight::Preflight;
 use super::report::{self, Landed, Leaving, Moved};
-use super::stage::{self, StageServer};
+use super::stage::StageServer;
 use super::wire::{Msg, Role, Wire, VERSION};
 use super::MigrateError;
 use crate::job::{self, plan::Plan, run, JobError, Request};
@@ -30,14 +32,14 @@ const LANDED_WAIT: Duration = Duration::from_secs(120);
 /// Moves the job rooted at `pid` to the `criu-gpu restore --listen` at `to`.
 pub fn send(pid: i32, to: &str, r: &Request, limit: Duration) -> Result<Moved, JobError> {
     let criu = job::criu(r)?;
-    let facts = job::read_job(pid)?;
+    let facts = job::read_job(pid, &r.settings)?;
     let mut plan = job::dump_plan(&facts, &criu);
     plan.problems.extend(super::streams_pages(&criu));
     let plan = job::show_or_refuse(plan)?;
     let addr = net::resolve(to).map_err(MigrateError::Usage)?;
     let id = format!("{}-{}", std::process::id(), report::now());
     let mut wire = hello(addr, &id)?;
-    let pre = Preflight::of(&facts, &plan);
+    let pre = Preflight::of(&facts, &plan, job::libnvml(&r.settings).as_deref());
     out::line(format!(
         "move: asking {to} to take {} process(es) holding {} of GPU memory",
         pre.processes.len(),
@@ -170,7 +172,7 @@ fn dump(
     let fd = net::inheritable(pages).map_err(io("handing the pages connection to CRIU"))?;
     let mut args = job::dump_args(pid, false, r, plan)?;
     args.extend(["--lazy-pages", "--ps-socket", &fd.to_string()].map(str::to_owned));
-    let env = vec![(stage::SETTING.to_owned(), server.path.display().to_string())];
+    let env = vec![(MIGRATE.key.to_owned(), server.path.display().to_string())];
     out::line(format!(
         "running: {}",
         job::full_command(criu, &args).join(" ")

@@ -11,9 +11,6 @@ use serde::Deserialize;
 
 use crate::job::cluster::serve::Passed;
 
-/// The environment variable naming the socket, in CRIU's environment.
-pub const SETTING: &str = "CRIU_GPU_MIGRATE";
-
 #[derive(Deserialize)]
 struct Asked {
     barrier: String,

@@ -22,21 +22,17 @@ pub mod restore;
 
 use std::os::fd::{BorrowedFd, RawFd};
 
-use amd_kfd::device::{self, Kfd};
+use std::sync::Arc;
+
+use amd_kfd::device::Kfd;
 
 pub use criu_gpu_image::amd::INVENTORY_NAME;
 
 use crate::core::{Backend, Claims, HookError, HookResult, Host, Settings, Stage, Verdict};
 use crate::guardian::SpawnGuardian;
 
-/// The setting that moves the fds a restore opens in a restored process, and its default.
-const FD_BASE_KEY: &str = "CRIU_GPU_AMD_FD_BASE";
-const FD_BASE: i32 = 512;
-
 /// Finds this machine's KFD (the kernel's, or the simulated one in test builds).
 pub type Detect = Box<dyn Fn() -> Option<Box<dyn Kfd>> + Send>;
-/// Where settings come from (the environment and the settings file, or a test's).
-pub type SettingsSource = Box<dyn Fn() -> Settings + Send>;
 
 enum Session {
     Idle,
@@ -46,17 +42,19 @@ enum Session {
 
 pub struct Amd {
     detect: Detect,
-    settings: SettingsSource,
+    /// The command's settings, read once by the C edge.
+    settings: Arc<Settings>,
     spawn: SpawnGuardian,
     session: Session,
 }
 
 impl Amd {
-    pub fn new(spawn: SpawnGuardian) -> Amd {
-        Amd::with(Box::new(device::detect), Box::new(Settings::load), spawn)
+    pub fn new(settings: Arc<Settings>, spawn: SpawnGuardian) -> Amd {
+        let machine = settings.clone();
+        Amd::with(Box::new(move || machine.kfd()), settings, spawn)
     }
 
-    pub fn with(detect: Detect, settings: SettingsSource, spawn: SpawnGuardian) -> Amd {
+    pub fn with(detect: Detect, settings: Arc<Settings>, spawn: SpawnGuardian) -> Amd {
         Amd {
             detect,
             settings,
@@ -78,8 +76,8 @@ impl Backend for Amd {
     fn init(&mut self, host: &dyn Host, stage: Stage, claims: &Claims) -> Result<(), HookError> {
         self.session = match stage {
             Stage::Restore => {
-                let settings = (self.settings)();
-                let r = restore::Restore::init(host, claims, &settings, &self.detect, &self.spawn)?;
+                let settings = &self.settings;
+                let r = restore::Restore::init(host, claims, settings, &self.detect, &self.spawn)?;
                 r.map_or(Session::Idle, |r| Session::Restore(Box::new(r)))
             }
             Stage::Dump | Stage::PreDump => match (self.detect)() {

@@ -10,8 +10,9 @@ pub mod dump;
 pub mod error;
 pub mod procs;
 pub mod restore;
+pub mod settings;
 
-use std::time::Duration;
+use std::sync::Arc;
 
 pub use criu_gpu_image::cuda::INVENTORY_NAME;
 pub use criu_gpu_image::restorable::UPSTREAM_PLUGIN;
@@ -21,21 +22,6 @@ use crate::guardian::SpawnGuardian;
 
 use process_facts::units::gib;
 
-/// How long a GPU checkpoint or restore of `bytes` (all processes together) may take before the
-/// plugin gives up on it: CRIU_GPU_ACTION_TIMEOUT_S, else a generous bound from the size (the
-/// driver moved 0.5 to 1.7 GB/s per process on an H100, several processes at once about as fast
-/// as one; docs/driver-facts.md), else 10 minutes when the size is unknown.
-pub fn action_limit(settings: &Settings, bytes: Option<u64>) -> Result<Duration, HookError> {
-    if let Some(limit) = settings.seconds("CRIU_GPU_ACTION_TIMEOUT_S")? {
-        return Ok(limit);
-    }
-    Ok(match bytes {
-        // 60 s, plus 2 s per GiB: 0.5 GiB/s, a quarter of the slowest rate measured.
-        Some(b) => Duration::from_secs(60 + 2 * b.div_ceil(1 << 30)),
-        None => Duration::from_secs(600),
-    })
-}
-
 enum Session {
     Idle,
     Dump(Box<dump::Dump>),
@@ -44,26 +30,21 @@ enum Session {
 
 /// How the backend sees processes (the machine's /proc, or a test's).
 pub type ProcsFactory = Box<dyn Fn() -> Box<dyn procs::Procs> + Send>;
-/// Where settings come from (the environment and the settings file, or a test's).
-pub type SettingsSource = Box<dyn Fn() -> Settings + Send>;
 
 pub struct Cuda {
     procs: ProcsFactory,
-    settings: SettingsSource,
+    /// The command's settings, read once by the C edge.
+    settings: Arc<Settings>,
     spawn: SpawnGuardian,
     session: Session,
 }
 
 impl Cuda {
-    pub fn new(spawn: SpawnGuardian) -> Cuda {
-        Cuda::with(
-            Box::new(|| Box::new(procs::Real)),
-            Box::new(Settings::load),
-            spawn,
-        )
+    pub fn new(settings: Arc<Settings>, spawn: SpawnGuardian) -> Cuda {
+        Cuda::with(Box::new(|| Box::new(procs::Real)), settings, spawn)
     }
 
-    pub fn with(procs: ProcsFactory, settings: SettingsSource, spawn: SpawnGuardian) -> Cuda {
+    pub fn with(procs: ProcsFactory, settings: Arc<Settings>, spawn: SpawnGuardian) -> Cuda {
         Cuda {
             procs,
             settings,
@@ -97,7 +78,7 @@ impl Backend for Cuda {
     }
 
     fn init(&mut self, host: &dyn Host, stage: Stage, claims: &Claims) -> Result<(), HookError> {
-        let settings = (self.settings)();
+        let settings = &self.settings;
         self.session = match stage {
             Stage::Restore => {
                 let spawn = self.spawn.clone();

@@ -1,36 +1,55 @@
-//! NVIDIA: the CUDA driver as the guardian's [`CudaDriver`], loaded in the guardian (never in
-//! CRIU's process).
+//! NVIDIA: the CUDA driver and NVML as the guardian's [`CudaDriver`], loaded in the guardian
+//! (never in CRIU's process) from the libraries the settings name.
 
 use std::time::Duration;
 
 use cuda_checkpoint_ctl::driver::{CudaError, DeviceMap, Driver, DriverInfo, ProcessState};
 use cuda_checkpoint_ctl::inventory::Inventory;
 
+use criu_gpu_host::settings::declared::{LIBCUDA, LIBNVML};
+use criu_gpu_host::settings::Settings;
+
 use super::CudaDriver;
 
-impl CudaDriver for Driver {
+/// The driver, and the NVML library to ask for the machine's GPUs.
+pub struct Nvidia {
+    driver: Driver,
+    nvml: Option<String>,
+}
+
+impl Nvidia {
+    /// Loads the driver `CUDA_CKPT_LIBCUDA` names (else the system's).
+    pub fn load(settings: &Settings) -> Result<Nvidia, String> {
+        let library = settings.get(&LIBCUDA).map_err(|e| e.to_string())?;
+        let driver = Driver::load(library.as_deref()).map_err(|e| e.to_string())?;
+        let nvml = settings.get(&LIBNVML).map_err(|e| e.to_string())?;
+        Ok(Nvidia { driver, nvml })
+    }
+}
+
+impl CudaDriver for Nvidia {
     fn info(&self) -> DriverInfo {
-        Driver::info(self).clone()
+        self.driver.info().clone()
     }
     fn restore_tid(&self, pid: i32) -> Result<i32, CudaError> {
-        self.restore_thread_id(pid)
+        self.driver.restore_thread_id(pid)
     }
     fn state(&self, pid: i32) -> Result<ProcessState, CudaError> {
-        Driver::state(self, pid)
+        self.driver.state(pid)
     }
     fn lock(&self, pid: i32, timeout: Duration) -> Result<(), CudaError> {
-        Driver::lock(self, pid, Some(timeout))
+        self.driver.lock(pid, Some(timeout))
     }
     fn checkpoint(&self, pid: i32) -> Result<(), CudaError> {
-        Driver::checkpoint(self, pid)
+        self.driver.checkpoint(pid)
     }
     fn restore(&self, pid: i32, map: &DeviceMap) -> Result<(), CudaError> {
-        Driver::restore(self, pid, map)
+        self.driver.restore(pid, map)
     }
     fn unlock(&self, pid: i32) -> Result<(), CudaError> {
-        Driver::unlock(self, pid)
+        self.driver.unlock(pid)
     }
     fn inventory(&self) -> Result<Inventory, String> {
-        Inventory::query(None).map_err(|e| e.to_string())
+        Inventory::query(self.nvml.as_deref()).map_err(|e| e.to_string())
     }
 }

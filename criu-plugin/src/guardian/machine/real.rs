@@ -5,13 +5,14 @@
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use cuda_checkpoint_ctl::driver::Driver;
+use criu_gpu_host::settings::Settings;
 use process_facts::process;
 
 use super::amd::AsTracer;
 use super::criu::CriuLeftovers;
+use super::cuda::Nvidia;
 use super::{CudaDriver, KfdQueues, Leftovers, Machine};
 use crate::guardian::lineage::Lineage;
 use crate::guardian::proto::Level;
@@ -21,7 +22,9 @@ use crate::guardian::Dirs;
 pub const LOG_FILE: &str = "gpu-guardian.log";
 
 pub struct Real {
-    driver: OnceLock<Result<Driver, String>>,
+    /// The command's settings: which driver libraries to load, which KFD.
+    settings: Arc<Settings>,
+    driver: OnceLock<Result<Nvidia, String>>,
     /// AMD's KFD (the simulated one in test builds, where `AMD_KFD_SIM_ROOT` names it).
     kfd: OnceLock<Option<AsTracer>>,
     /// Held open: the leftovers reach the image directory through /proc/self/fd.
@@ -33,12 +36,18 @@ pub struct Real {
 }
 
 impl Real {
-    pub fn new(dirs: Dirs, lineage: Option<Lineage>, run_id: Option<String>) -> Real {
+    pub fn new(
+        dirs: Dirs,
+        lineage: Option<Lineage>,
+        run_id: Option<String>,
+        settings: Arc<Settings>,
+    ) -> Real {
         let path = dirs
             .images
             .as_ref()
             .map(|fd| format!("/proc/self/fd/{}", fd.as_raw_fd()).into());
         Real {
+            settings,
             driver: OnceLock::new(),
             kfd: OnceLock::new(),
             _image_dir: dirs.images,
@@ -120,19 +129,14 @@ impl Machine for Real {
     }
 
     fn cuda(&self) -> Result<&dyn CudaDriver, String> {
-        match self
-            .driver
-            .get_or_init(|| Driver::load(None).map_err(|e| e.to_string()))
-        {
+        match self.driver.get_or_init(|| Nvidia::load(&self.settings)) {
             Ok(d) => Ok(d),
             Err(e) => Err(e.clone()),
         }
     }
 
     fn amd(&self) -> Result<&dyn KfdQueues, String> {
-        let kfd = self
-            .kfd
-            .get_or_init(|| amd_kfd::device::detect().map(AsTracer));
+        let kfd = self.kfd.get_or_init(|| self.settings.kfd().map(AsTracer));
         match kfd {
             Some(k) => Ok(k),
             None => Err("this machine has no KFD (/dev/kfd)".to_owned()),

@@ -16,10 +16,11 @@ use amd_kfd::vma::Remaps;
 use criu_gpu_image::amd;
 
 use super::error::AmdError;
-use super::{Detect, FD_BASE, FD_BASE_KEY};
+use super::Detect;
 use crate::core::{kill, Claims, HookResult, Host, Settings, Verdict};
 use crate::guardian::proto::{Order, Watch};
 use crate::guardian::{Guardian, SpawnGuardian};
+use criu_gpu_host::settings::declared::AMD_FD_BASE;
 
 /// How long a process that failed its RESUME gets to die before its reaping is left to CRIU.
 const KILLED: std::time::Duration = std::time::Duration::from_secs(5);
@@ -63,9 +64,7 @@ impl Restore {
         log_matches(&matched);
         tracing::info!("AMD GPUs: {}", kfd.describe());
         let local = amd::local_topology(kfd.as_ref())?;
-        let fd_base = settings
-            .parsed(FD_BASE_KEY, parse_fd_base)?
-            .unwrap_or(FD_BASE);
+        let fd_base = settings.get(&AMD_FD_BASE)?;
         let guardian = watch_restore(spawn);
         Ok(Some(Restore {
             kfd,
@@ -145,11 +144,4 @@ fn watch_restore(spawn: &SpawnGuardian) -> Option<Guardian> {
             tracing::warn!("{e}: if CRIU dies half-way, kill what it restored by hand")
         })
         .ok()
-}
-
-fn parse_fd_base(v: &str) -> Result<i32, &'static str> {
-    v.parse()
-        .ok()
-        .filter(|n| (3..=1 << 20).contains(n))
-        .ok_or("expected an fd number from 3 to 1048576")
 }

@@ -121,7 +121,7 @@ fn a_tree_without_kfd_files_gets_no_guardian_and_a_pre_dump_pauses_nothing() {
     w.host.root = None;
     let mut none = Amd::with(
         Box::new(|| None),
-        Box::new(Settings::default),
+        Arc::new(Settings::default()),
         Arc::new(|_| panic!("no guardian without a KFD")),
     );
     none.init(&w.host, Stage::Dump, &Claims::default()).unwrap();

@@ -179,7 +179,7 @@ impl World {
         let root = self.root.clone();
         Amd::with(
             Box::new(move || Some(Box::new(SimKfd::new(root.clone())) as Box<dyn Kfd>)),
-            Box::new(move || Settings::from_sources(&[], settings, "test.conf")),
+            Arc::new(Settings::from_sources(&[], settings, "test.conf")),
             spawn,
         )
     }

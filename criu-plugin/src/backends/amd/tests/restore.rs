@@ -91,7 +91,7 @@ fn broken_or_missing_images_are_refused_before_restoring() {
     );
     let e = Amd::with(
         Box::new(|| None),
-        Box::new(Settings::default),
+        Arc::new(Settings::default()),
         Arc::new(|_| panic!("no guardian for a restore that cannot be")),
     )
     .init(&w.host, Stage::Restore, &Claims::default());

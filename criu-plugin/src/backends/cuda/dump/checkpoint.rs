@@ -13,7 +13,8 @@ use criu_gpu_image::cuda::{Span, Usage};
 
 use super::{Ctx, Dump, Phase, Proc, Tree};
 use crate::backends::cuda::error::{ActionFailure, DumpError, Held, Who};
-use crate::backends::cuda::{action_limit, gib};
+use crate::backends::cuda::gib;
+use crate::backends::cuda::settings::action_limit;
 use crate::core::stats;
 use crate::core::{HookError, HookResult, Host, ThreadWindow, Verdict};
 use crate::guardian::proto::{Act, Answer, Order};
@@ -114,13 +115,11 @@ impl Ctx {
     /// The limit for checkpointing `bytes` of device memory, all at once or not, and the huge
     /// page policy meanwhile.
     fn how(&self, bytes: Option<u64>) -> Result<Run, HookError> {
-        let settings = &self.settings;
+        let settings = self.settings()?;
         Ok(Run {
-            limit: action_limit(settings, bytes)?,
-            parallel: settings.flag("CRIU_GPU_PARALLEL")?.unwrap_or(true),
-            thp: settings
-                .parsed("CRIU_GPU_THP", |v| v.parse::<Want>())?
-                .unwrap_or_default(),
+            limit: action_limit(settings.action_timeout, bytes),
+            parallel: settings.parallel,
+            thp: settings.thp,
         })
     }
 

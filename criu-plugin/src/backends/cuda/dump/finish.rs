@@ -2,13 +2,14 @@
 //! CRIU kills the tasks after a successful dump, every CUDA process returned to its state before
 //! the dump (the guardian does it if CRIU dies first).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use criu_gpu_image::cuda::{self as image, CudaImage, ProcessRecord};
 use criu_gpu_image::{digest, record};
 
 use super::{Dump, Phase};
-use crate::backends::cuda::{action_limit, gib};
+use crate::backends::cuda::gib;
+use crate::backends::cuda::settings::action_limit;
 use crate::core::stats;
 use crate::core::{FinalState, HookError, Host, ThreadWindow};
 use crate::guardian::proto::{Order, Returned};
@@ -95,7 +96,7 @@ impl Dump {
 
     /// Rewrites the record with digests of the image files, now that CRIU wrote them all.
     fn record_digests(&self, host: &dyn Host) {
-        if self.ctx.settings.flag("CRIU_GPU_DIGESTS").ok().flatten() == Some(false) {
+        if !self.ctx.settings().is_ok_and(|s| s.digests) {
             return;
         }
         let Some(dir) = host.image_dir() else { return };
@@ -135,8 +136,9 @@ impl Dump {
             .iter()
             .flat_map(|p| p.usage.iter().filter_map(|u| u.memory))
             .sum();
-        let limit = action_limit(&self.ctx.settings, (bytes > 0).then_some(bytes))
-            .unwrap_or(Duration::from_secs(600));
+        // Settings that cannot be read (the dump was refused for them) leave the default.
+        let set = self.ctx.settings().ok().and_then(|s| s.action_timeout);
+        let limit = action_limit(set, (bytes > 0).then_some(bytes));
         let threads: Vec<(i32, i32)> = tree.cuda.iter().map(|p| (p.who.pid, p.tid)).collect();
         let start = Instant::now();
         let (mut window, failed) = ThreadWindow::open(host.threads(), &threads);

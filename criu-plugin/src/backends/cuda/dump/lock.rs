@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cuda_checkpoint_ctl::driver::ProcessState;
 use cuda_checkpoint_ctl::ops::rounds::{
-    self, Attempt, Either, Jitter, Locker, Report, Rounds, RoundsError,
+    self, Attempt, Either, Jitter, Locker, Report, RoundsError,
 };
 
 use super::cluster::Cluster;
@@ -104,19 +104,10 @@ impl Ctx {
         }
         // CRIU_GPU_LOCK_TIMEOUT_MS: how long locking may take, in one lock or in rounds.
         let wait = self.lock_wait(left)?;
-        let parallel = self.settings.flag("CRIU_GPU_PARALLEL")?.unwrap_or(true);
-        let rounds = self
-            .settings
-            .parsed("CRIU_GPU_LOCK_ROUNDS", |v| {
-                Rounds::parse(v).ok_or("auto, 1 or 0")
-            })?
-            .unwrap_or(Rounds::Auto);
+        let parallel = self.settings()?.parallel;
+        let rounds = self.settings()?.rounds;
         let ranks = running.iter().filter(|p| p.nccl).count();
-        let cluster = self
-            .settings
-            .parsed(criu_gpu_image::cluster::SETTING, |v| {
-                Ok::<_, &str>(std::path::PathBuf::from(v))
-            })?;
+        let cluster = self.settings()?.cluster.clone();
         let mut locker = ByGuardian { g, hard };
         let start = Instant::now();
         if let Some(socket) = cluster {
@@ -165,7 +156,7 @@ impl Ctx {
     /// How long locking may take: CRIU_GPU_LOCK_TIMEOUT_MS, within the `left` of CRIU's seize
     /// time, or all of it.
     fn lock_wait(&self, left: Duration) -> Result<Duration, HookError> {
-        Ok(match self.settings.millis("CRIU_GPU_LOCK_TIMEOUT_MS")? {
+        Ok(match self.settings()?.lock_timeout {
             Some(want) if want > left => {
                 tracing::warn!(
                     "CRIU_GPU_LOCK_TIMEOUT_MS={} is more than criu's seize time leaves ({} ms): \

@@ -24,9 +24,11 @@ use process_facts::process::Libraries;
 
 use super::error::{DumpError, Who};
 use super::procs::Procs;
+use super::settings::DumpSettings;
 use crate::core::{stats, HookError, HookResult, Host, Settings, Stage, Verdict};
 use crate::guardian::proto::Watch;
 use crate::guardian::{Guardian, GuardianError, SpawnGuardian};
+use criu_gpu_host::settings::SettingsError;
 
 /// CRIU's default --timeout, for a CRIU whose alarm cannot be read.
 const DEFAULT_SEIZE: Duration = Duration::from_secs(10);
@@ -78,8 +80,18 @@ pub struct Dump {
 /// What the dump knows of its command and machine.
 struct Ctx {
     stage: Stage,
-    settings: Settings,
+    /// The settings a dump uses, read when it starts; a bad one refuses the dump before any
+    /// lock, once the tree turns out to hold CUDA processes ([`Ctx::settings`]).
+    settings: Result<DumpSettings, SettingsError>,
     procs: Box<dyn Procs>,
+}
+
+impl Ctx {
+    fn settings(&self) -> Result<&DumpSettings, HookError> {
+        self.settings
+            .as_ref()
+            .map_err(|e| HookError::from(e.clone()))
+    }
 }
 
 /// The guardian, once the tree turned out to hold CUDA processes.
@@ -140,14 +152,14 @@ impl Dump {
     pub fn start(
         host: &dyn Host,
         stage: Stage,
-        settings: Settings,
+        settings: &Settings,
         procs: Box<dyn Procs>,
         spawn: SpawnGuardian,
     ) -> Dump {
         let mut d = Dump {
             ctx: Ctx {
                 stage,
-                settings,
+                settings: DumpSettings::read(settings),
                 procs,
             },
             link: Link {
@@ -225,6 +237,8 @@ impl Dump {
                 };
                 let candidates = self.candidates(&pids);
                 if !candidates.is_empty() {
+                    // Every setting the dump uses, before anything is locked.
+                    self.ctx.settings()?;
                     // CRIU would fail on these after the GPU checkpoint: refused before any lock.
                     let support = host.ring_support();
                     if let Some(refusal) = pids

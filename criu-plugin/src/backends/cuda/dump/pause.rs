@@ -151,7 +151,7 @@ impl Ctx {
     /// lazy pages, a process whose driver thread cannot run.
     fn refuse(&self, host: &dyn Host, holders: &[Holder]) -> Result<(), HookError> {
         let procs = &*self.procs;
-        if self.settings.flag("CRIU_GPU_NCCL_CHECK")? != Some(false) {
+        if self.settings()?.nccl_check {
             let ranks: Vec<(i32, String)> = holders
                 .iter()
                 .filter(|h| h.nccl)

@@ -14,6 +14,7 @@ use cuda_checkpoint_ctl::inventory::Inventory;
 use super::{Later, Phase, Ready, Restore};
 use crate::backends::cuda::error::RestoreError;
 use crate::backends::cuda::procs::Procs;
+use crate::backends::cuda::settings::RestoreSettings;
 use crate::backends::cuda::{gib, UPSTREAM_PLUGIN};
 use crate::core::stats;
 use crate::core::{Claims, HookError, Host, Lazy, Settings};
@@ -31,12 +32,11 @@ impl Restore {
     pub fn init(
         host: &dyn Host,
         claims: &Claims,
-        settings: Settings,
+        settings: &Settings,
         procs: Box<dyn Procs>,
         spawn: SpawnGuardian,
     ) -> Result<Restore, HookError> {
         let mut r = Restore {
-            settings,
             procs,
             phase: Phase::NoCuda,
         };
@@ -54,11 +54,13 @@ impl Restore {
             ),
             Lazy::No => {}
         }
-        let placement = r.settings.device_map()?;
+        // Every setting the restore uses, before anything starts.
+        let settings = RestoreSettings::read(settings)?;
         // Forked before any thread of the plugin's runs in CRIU (the digests are hashed on some).
         let mut g = spawn(Watch::Restore)?;
         let later = match &holds {
-            Holds::Record(img) => r.verify_digests(img, &dir, &mut g)?,
+            Holds::Record(img) if settings.digests => verify_digests(img, &dir, &mut g)?,
+            Holds::Record(_) => None,
             Holds::Upstream => None,
         };
         let (driver, inventory) = ask_node(&mut g, &holds)?;
@@ -66,13 +68,14 @@ impl Restore {
             driver: driver.as_ref().map_err(String::as_str),
             inventory: inventory.as_ref().map_err(String::as_str),
         };
-        let checked = restorable::check_node(&holds, node, &placement).map_err(check)?;
+        let checked = restorable::check_node(&holds, node, &settings.device_map).map_err(check)?;
         checked.notes.iter().for_each(|n| tracing::info!("{n}"));
         checked.warnings.iter().for_each(|w| tracing::warn!("{w}"));
         if let (Holds::Record(img), Lazy::No) = (&holds, host.lazy()) {
-            overlap(host, &r.settings, img)?;
+            overlap(host, settings.overlap, img);
         }
         r.phase = Phase::Ready(Box::new(Ready {
+            settings,
             holds,
             plan: checked.plan,
             guardian: g,
@@ -80,38 +83,34 @@ impl Restore {
         }));
         Ok(r)
     }
+}
 
-    /// Checks the image files against the digests the dump recorded, all but the large pages
-    /// images, which the guardian checks while CRIU restores (the answer: [`Later`]).
-    fn verify_digests(
-        &self,
-        img: &CudaImage,
-        dir: &Path,
-        g: &mut Guardian,
-    ) -> Result<Option<Later>, HookError> {
-        if self.settings.flag("CRIU_GPU_DIGESTS")? == Some(false) {
-            return Ok(None);
-        }
-        let start = Instant::now();
-        let Some(checked) = restorable::verify_digests(img, dir).map_err(check)? else {
-            return Ok(None);
-        };
-        let bytes: u64 = checked.later.iter().map(|d| d.size).sum();
-        stats::phase("verify", start.elapsed(), 0, checked.bytes);
-        tracing::info!(
-            "image files checked against their digests: {} files, {:.2} GiB, in {:.2} s; {:.2} \
-             GiB of pages images are checked while CRIU restores",
-            img.digests.len() - checked.later.len(),
-            gib(checked.bytes),
-            start.elapsed().as_secs_f64(),
-            gib(bytes)
-        );
-        if checked.later.is_empty() {
-            return Ok(None);
-        }
-        let seq = g.verify(checked.later)?;
-        Ok(Some(Later { seq, bytes }))
+/// Checks the image files against the digests the dump recorded (`CRIU_GPU_DIGESTS` on), all
+/// but the large pages images, which the guardian checks while CRIU restores (the answer: [`Later`]).
+fn verify_digests(
+    img: &CudaImage,
+    dir: &Path,
+    g: &mut Guardian,
+) -> Result<Option<Later>, HookError> {
+    let start = Instant::now();
+    let Some(checked) = restorable::verify_digests(img, dir).map_err(check)? else {
+        return Ok(None);
+    };
+    let bytes: u64 = checked.later.iter().map(|d| d.size).sum();
+    stats::phase("verify", start.elapsed(), 0, checked.bytes);
+    tracing::info!(
+        "image files checked against their digests: {} files, {:.2} GiB, in {:.2} s; {:.2} \
+         GiB of pages images are checked while CRIU restores",
+        img.digests.len() - checked.later.len(),
+        gib(checked.bytes),
+        start.elapsed().as_secs_f64(),
+        gib(bytes)
+    );
+    if checked.later.is_empty() {
+        return Ok(None);
     }
+    let seq = g.verify(checked.later)?;
+    Ok(Some(Later { seq, bytes }))
 }
 
 /// What the image's inventory says of the CUDA backends.
@@ -154,14 +153,14 @@ fn ask_node(
 /// which only the driver's restore reads) arrive while the driver already restores: the restore
 /// then costs about the longer of CRIU's pages and the driver, not their sum. The project's CRIU
 /// only (patch 0007); CRIU puts every page in place before the tasks run either way.
-fn overlap(host: &dyn Host, settings: &Settings, img: &CudaImage) -> Result<(), HookError> {
+fn overlap(host: &dyn Host, wanted: bool, img: &CudaImage) {
     let bytes = img.staging_bytes();
     if bytes == 0 {
-        return Ok(());
+        return;
     }
-    if settings.flag("CRIU_GPU_OVERLAP")? == Some(false) {
+    if !wanted {
         tracing::info!("CRIU_GPU_OVERLAP=0: CRIU puts every page in place before the GPU restore");
-        return Ok(());
+        return;
     }
     let mut asked = 0;
     for p in &img.processes {
@@ -172,7 +171,7 @@ fn overlap(host: &dyn Host, settings: &Settings, img: &CudaImage) -> Result<(), 
                         "this CRIU puts every page in place before the GPU restore (the project's \
                          CRIU overlaps the two)"
                     );
-                    return Ok(());
+                    return;
                 }
                 Some(false) => tracing::warn!(
                     "CRIU refused to let the GPU data of process {} arrive during the GPU \
@@ -188,5 +187,4 @@ fn overlap(host: &dyn Host, settings: &Settings, img: &CudaImage) -> Result<(), 
          arrive while the driver restores (CRIU_GPU_OVERLAP=0: one after the other)",
         gib(bytes)
     );
-    Ok(())
 }

@@ -27,7 +27,8 @@ use criu_gpu_image::restorable::CudaHolds as Holds;
 
 use self::outcome::Outcomes;
 use super::procs::Procs;
-use crate::core::{HookError, HookResult, Host, Settings, Verdict};
+use super::settings::RestoreSettings;
+use crate::core::{HookError, HookResult, Host, Verdict};
 use crate::guardian::proto::Order;
 use crate::guardian::{Guardian, Ticket, Verified};
 
@@ -41,6 +42,7 @@ enum Phase {
 
 /// What `init` prepared for the first RESUME_DEVICES_LATE.
 struct Ready {
+    settings: RestoreSettings,
     holds: Holds,
     plan: Plan,
     guardian: Guardian,
@@ -55,7 +57,6 @@ struct Later {
 }
 
 pub struct Restore {
-    settings: Settings,
     procs: Box<dyn Procs>,
     phase: Phase,
 }
@@ -82,12 +83,13 @@ impl Restore {
     /// failed; the guardian is done with either way.
     fn resume_tree(&self, host: &dyn Host, root: i32, ready: Ready) -> Outcomes {
         let Ready {
+            settings,
             holds,
             plan,
             mut guardian,
             later,
         } = ready;
-        let mut outcomes = self.restore_tree(host, root, &holds, &plan, &mut guardian);
+        let mut outcomes = self.restore_tree(host, root, &holds, &plan, &settings, &mut guardian);
         if let (Some(later), true) = (later, outcomes.all_ok()) {
             if let Err(e) = late::checked(&mut guardian, &later) {
                 tracing::error!("{e}");

@@ -11,7 +11,9 @@ use super::outcome::Outcomes;
 use super::tree::{Found, Restorable};
 use super::Restore;
 use crate::backends::cuda::error::{ActionFailure, RestoreError};
-use crate::backends::cuda::{action_limit, gib};
+use crate::backends::cuda::gib;
+use crate::backends::cuda::settings::action_limit;
+use crate::backends::cuda::settings::RestoreSettings;
 use crate::core::stats;
 use crate::core::{Host, ThreadWindow};
 use crate::guardian::proto::{Act, Answer};
@@ -25,10 +27,11 @@ impl Restore {
         g: &mut Guardian,
         ready: &[Restorable<'_>],
         plan: &Plan,
+        settings: &RestoreSettings,
         out: &mut Outcomes,
     ) {
-        let limit = self.limit(ready);
-        let parallel = self.parallel();
+        let limit = limit(settings, ready);
+        let parallel = settings.parallel;
         let start = Instant::now();
         let threads: Vec<(i32, i32)> = ready.iter().map(|r| (r.found.pid, r.thread)).collect();
         let (mut window, failed) = ThreadWindow::open(host.threads(), &threads);
@@ -65,23 +68,6 @@ impl Restore {
         for (f, seq) in acts {
             out.set(f.pid, restored(g, f, seq, limit));
         }
-    }
-
-    /// How long the restore of `ready` may take (CRIU_GPU_ACTION_TIMEOUT_S, else from the GPU
-    /// memory they had).
-    fn limit(&self, ready: &[Restorable<'_>]) -> Duration {
-        let bytes: u64 = ready.iter().map(|r| device_bytes(r.found)).sum();
-        action_limit(&self.settings, (bytes > 0).then_some(bytes))
-            .unwrap_or(Duration::from_secs(600))
-    }
-
-    /// All at once, unless CRIU_GPU_PARALLEL=0.
-    fn parallel(&self) -> bool {
-        self.settings
-            .flag("CRIU_GPU_PARALLEL")
-            .ok()
-            .flatten()
-            .unwrap_or(true)
     }
 
     /// The restore in CRIU's log: how many, how much and how fast, and every failure.
@@ -135,4 +121,11 @@ fn restored(
         who: f.who(),
         failure,
     })
+}
+
+/// How long the restore of `ready` may take (CRIU_GPU_ACTION_TIMEOUT_S, else from the GPU memory
+/// they had).
+fn limit(settings: &RestoreSettings, ready: &[Restorable<'_>]) -> Duration {
+    let bytes: u64 = ready.iter().map(|r| device_bytes(r.found)).sum();
+    action_limit(settings.action_timeout, (bytes > 0).then_some(bytes))
 }

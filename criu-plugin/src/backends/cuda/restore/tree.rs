@@ -12,6 +12,7 @@ use cuda_checkpoint_ctl::driver::ProcessState;
 use super::outcome::Outcomes;
 use super::Restore;
 use crate::backends::cuda::error::{RestoreError, Who};
+use crate::backends::cuda::settings::RestoreSettings;
 use crate::core::Host;
 use crate::guardian::proto::{Act, Answer, Order};
 use crate::guardian::{Guardian, Ticket};
@@ -49,6 +50,7 @@ impl Restore {
         root: i32,
         holds: &Holds,
         plan: &Plan,
+        settings: &RestoreSettings,
         g: &mut Guardian,
     ) -> Outcomes {
         let mut out = Outcomes::new(root);
@@ -58,7 +60,7 @@ impl Restore {
         let upstream = matches!(holds, Holds::Upstream);
         let ready = self.probe(g, &found, plan, upstream, &mut out);
         let start = Instant::now();
-        self.restore_all(host, g, &ready, plan, &mut out);
+        self.restore_all(host, g, &ready, plan, settings, &mut out);
         self.report(&found, &out, start);
         out
     }

@@ -452,7 +452,7 @@ impl World {
         let env = self.settings.clone();
         Cuda::with(
             Box::new(move || Box::new(tree.clone())),
-            Box::new(move || Settings::from_sources(&env, "", "test")),
+            Arc::new(Settings::from_sources(&env, "", "test")),
             self.guardians.spawner(),
         )
     }

@@ -1,6 +1,7 @@
 //! Restores: what is restored at once, refused before anything starts, or killed.
 
 use super::*;
+use criu_gpu_host::settings::{SettingsError, Source};
 use criu_gpu_image::digest::DigestError;
 use criu_gpu_image::restorable::CudaCheckError;
 
@@ -329,4 +330,52 @@ fn overlap_off_or_a_criu_that_cannot_restores_every_page_first() {
         &Verdict::Done(())
     );
     assert_eq!(stock.gpu.state(10), R);
+}
+
+/// A bad `CRIU_GPU_DIGESTS` (once ignored by the dump, fatal to the restore) is refused by both
+/// alike, before either locks or starts anything, naming the key and where it came from (the
+/// wording is pinned once, in criu-gpu-host's settings tests); a tree without CUDA processes does
+/// not read it.
+#[test]
+fn a_bad_digests_setting_is_refused_by_dump_and_restore_alike_up_front() {
+    let bad = |w: World| w.set("CRIU_GPU_DIGESTS", "maybe");
+    let w = bad(World::new(&[(10, R), (11, R)], &[]));
+    let (mut c, r) = w.dump(Stage::Dump);
+    let dump = settings_refusal(&r[0]).clone();
+    assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R), "nothing locked");
+    c.exit(&w.host, Stage::Dump, false);
+
+    let w = bad(restore_world(dumped(&[(10, R)]), &[(10, C)]));
+    let r = w.backend().init(&w.host, Stage::Restore, &ours());
+    let restore = settings_refusal(&r).clone();
+    assert_eq!(w.guardians.spawned(), 0, "nothing started");
+    assert_eq!(dump, restore);
+    assert!(
+        matches!(
+            &dump,
+            SettingsError { key: "CRIU_GPU_DIGESTS", value, from: Source::Environment, .. }
+                if value == "maybe"
+        ),
+        "{dump:?}"
+    );
+
+    let mut w = bad(World::new(&[], &[5, 6]));
+    w.host.root = Some(5);
+    let (_, r) = w.dump(Stage::Dump);
+    assert!(r.iter().all(|x| matches!(x, Ok(Verdict::NotMine))), "{r:?}");
+}
+
+/// The settings refusal a hook answered (the backend named around it or not).
+fn settings_refusal<T: std::fmt::Debug>(r: &Result<T, HookError>) -> &SettingsError {
+    fn inner(e: &HookError) -> &SettingsError {
+        match e {
+            HookError::Settings(s) => s,
+            HookError::In { source, .. } => inner(source),
+            other => panic!("not a settings refusal: {other}"),
+        }
+    }
+    match r {
+        Err(e) => inner(e),
+        Ok(v) => panic!("expected a settings refusal, got {v:?}"),
+    }
 }

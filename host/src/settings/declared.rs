@@ -1,0 +1,154 @@
+//! Every setting, declared once: its key, what it means, its default as people read it (and as
+//! docs/settings.md shows it, which a test checks), the value that default is, and how a value
+//! is read. The plugin, `criu-gpu` and the docs take them from here.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use amd_kfd::topology::Checks;
+use criu_gpu_image::addrmap::{self, AddressMap};
+use cuda_checkpoint_ctl::ops::rounds::Rounds;
+use cuda_checkpoint_ctl::placement::Request;
+
+use super::parse;
+use crate::thp::Want;
+
+/// One setting: the key it is read under, and how.
+pub struct Setting<T: 'static> {
+    pub key: &'static str,
+    pub meaning: &'static str,
+    /// The default as people read it.
+    pub default: &'static str,
+    /// The value when the setting is absent (`None` for a default worked out when it is used).
+    pub(super) value: fn() -> T,
+    pub(super) parse: fn(&str) -> Result<T, String>,
+}
+
+/// A setting's row in the table of every setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    pub key: &'static str,
+    pub meaning: &'static str,
+    pub default: &'static str,
+}
+
+macro_rules! declare {
+    ($($(#[$cfg:meta])* $name:ident: $t:ty = $key:expr, $parse:expr,
+        default $value:expr, $default:literal, $meaning:literal;)*) => {
+        $(
+            $(#[$cfg])*
+            pub const $name: Setting<$t> = Setting {
+                key: $key,
+                meaning: $meaning,
+                default: $default,
+                value: || $value,
+                parse: $parse,
+            };
+        )*
+        /// Every setting this build knows, in the order docs/settings.md lists them.
+        pub const ALL: &[Row] = &[$(
+            $(#[$cfg])*
+            Row { key: $key, meaning: $meaning, default: $default },
+        )*];
+    };
+}
+
+declare! {
+    LOCK_TIMEOUT: Option<Duration> = "CRIU_GPU_LOCK_TIMEOUT_MS", parse::some_millis,
+        default None, "all of the seize time left",
+        "how long locking the CUDA processes may take, in one lock or in rounds (capped by criu \
+         --timeout)";
+    ACTION_TIMEOUT: Option<Duration> = "CRIU_GPU_ACTION_TIMEOUT_S", parse::some_seconds,
+        default None, "60 s + 2 s per GiB of GPU memory (10 min when unknown)",
+        "the longest a GPU checkpoint or restore of the tree may take";
+    DEVICE_MAP: Request = "CRIU_GPU_DEVICE_MAP", parse::device_map,
+        default Request::Same, "same GPUs",
+        "restore onto other GPUs: OLD=NEW[,...] or auto";
+    ADDRESS_MAP: Option<AddressMap> = addrmap::SETTING, parse::address_map,
+        default None, "nothing moves",
+        "restore on other addresses: OLD=NEW[,...]; both ends of every TCP socket are moved \
+         (needs CRIU's UPDATE_INETSK hook: the project's CRIU, patch 0012; set by criu-gpu \
+         restore --address-map or across nodes)";
+    PARALLEL: bool = "CRIU_GPU_PARALLEL", parse::flag,
+        default true, "1",
+        "0: one process at a time instead of all at once";
+    DIGESTS: bool = "CRIU_GPU_DIGESTS", parse::flag,
+        default true, "1",
+        "0: do not record or check digests of the image files";
+    THP: Want = "CRIU_GPU_THP", parse::thp,
+        default Want::Auto, "auto",
+        "auto: raise transparent huge pages from madvise to always for a GPU checkpoint; always; \
+         off";
+    OVERLAP: bool = "CRIU_GPU_OVERLAP", parse::flag,
+        default true, "1",
+        "0: CRIU puts every page in place before the GPU restore instead of during it";
+    NCCL_CHECK: bool = "CRIU_GPU_NCCL_CHECK", parse::flag,
+        default true, "1",
+        "0: dump NCCL ranks of one node even if their transports cannot be restored";
+    LOCK_ROUNDS: Rounds = "CRIU_GPU_LOCK_ROUNDS", parse::rounds,
+        default Rounds::Auto, "auto",
+        "auto: lock NCCL ranks in rounds until all lock at once; 1: any group; 0: one lock";
+    CLUSTER: Option<PathBuf> = criu_gpu_image::cluster::SETTING, parse::some_path,
+        default None, "none: this node alone",
+        "a job across machines (set by criu-gpu dump --nnodes): the unix socket of this node's \
+         criu-gpu, which decides every lock round with the other nodes";
+    MIGRATE: Option<PathBuf> = "CRIU_GPU_MIGRATE", parse::some_path,
+        default None, "none: not a move",
+        "a job moved without a disk (set by criu-gpu dump --to, for criu-gpu as CRIU's action \
+         script; the plugin does not read it): the unix socket of the sending criu-gpu";
+    CONFIG: Option<String> = super::CONFIG_ENV, parse::some_text,
+        default None, "/etc/criu/gpu-plugin.conf",
+        "the settings file (read from the environment only)";
+    LIBCUDA: Option<String> = cuda_checkpoint_ctl::driver::LIBCUDA_ENV, parse::some_text,
+        default None, "libcuda.so.1",
+        "the CUDA driver library the guardian loads";
+    LIBNVML: Option<String> = cuda_checkpoint_ctl::inventory::LIBNVML_ENV, parse::some_text,
+        default None, "libnvidia-ml.so.1",
+        "the NVML library the guardian loads";
+    AMD_FD_BASE: i32 = "CRIU_GPU_AMD_FD_BASE", parse::fd_base,
+        default 512, "512",
+        "restore of ROCm processes: the lowest fd number of the KFD and render-node files the \
+         plugin opens in a restored process, above the process's own";
+    KFD_CAPABILITY_CHECK: bool = "KFD_CAPABILITY_CHECK", parse::flag,
+        default true, "1",
+        "restore of ROCm processes (CRIU's amdgpu plugin's switch): 0 lets a GPU with other \
+         capability bits take a checkpoint's";
+    KFD_VRAM_SIZE_CHECK: bool = "KFD_VRAM_SIZE_CHECK", parse::flag,
+        default true, "1",
+        "restore of ROCm processes: 0 lets a GPU with less VRAM take a checkpoint's";
+    KFD_NUM_GWS_CHECK: bool = "KFD_NUM_GWS_CHECK", parse::flag,
+        default true, "1",
+        "restore of ROCm processes: 0 lets a GPU with fewer global wave syncs take a checkpoint's";
+    KFD_CACHES_COUNT_CHECK: bool = "KFD_CACHES_COUNT_CHECK", parse::flag,
+        default true, "1",
+        "restore of ROCm processes: 0 lets a GPU with fewer caches take a checkpoint's";
+    KFD_FW_VER_CHECK: bool = "KFD_FW_VER_CHECK", parse::flag,
+        default true, "1",
+        "restore of ROCm processes: 0 lets a GPU with older firmware take a checkpoint's";
+    KFD_SDMA_FW_VER_CHECK: bool = "KFD_SDMA_FW_VER_CHECK", parse::flag,
+        default true, "1",
+        "restore of ROCm processes: 0 lets a GPU with older SDMA firmware take a checkpoint's";
+    KFD_NUMA_CHECK: bool = "KFD_NUMA_CHECK", parse::flag,
+        default true, "1",
+        "restore of ROCm processes: 0 lets GPUs that shared a NUMA node at the dump be placed on \
+         different ones";
+    // The simulated KFD: test builds only, never the installed plugin's.
+    #[cfg(feature = "simulation")]
+    AMD_KFD_SIM_ROOT: Option<std::path::PathBuf> = amd_kfd::device::sim::ROOT_ENV, parse::some_path,
+        default None, "none: the kernel's KFD",
+        "the simulated KFD's directory (test builds only)";
+}
+
+/// A `KFD_*_CHECK` switch, with the check of amd-kfd's it turns off.
+pub type KfdSwitch = (&'static Setting<bool>, fn(&mut Checks) -> &mut bool);
+
+/// The `KFD_*_CHECK` switches.
+pub const KFD_CHECKS: [KfdSwitch; 7] = [
+    (&KFD_CAPABILITY_CHECK, |c| &mut c.capability),
+    (&KFD_VRAM_SIZE_CHECK, |c| &mut c.vram_size),
+    (&KFD_NUM_GWS_CHECK, |c| &mut c.num_gws),
+    (&KFD_CACHES_COUNT_CHECK, |c| &mut c.caches_count),
+    (&KFD_FW_VER_CHECK, |c| &mut c.fw_version),
+    (&KFD_SDMA_FW_VER_CHECK, |c| &mut c.sdma_fw_version),
+    (&KFD_NUMA_CHECK, |c| &mut c.numa),
+];
