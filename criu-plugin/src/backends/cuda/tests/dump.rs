@@ -504,6 +504,10 @@ fn huge_pages_are_raised_for_the_checkpoint_and_put_back_whatever_happens() {
             let _ = c.checkpoint_devices(host, 10);
         });
         wait_for("raised", || thp_shown(&thp) == "always");
+        // The policy is raised before the checkpoint is asked for: CRIU dies once it runs.
+        wait_for("checkpoint running", || {
+            w.gpu.m().calls.iter().any(|c| c == "Checkpoint 10")
+        });
         w.guardians.criu_dies();
         // Alone, the guardian queues the rollback behind the hung checkpoint and says so.
         wait_for("the guardian is alone", || {
