@@ -170,7 +170,10 @@ pub struct Cdi {
 
 impl Cdi {
     pub fn write(gpus: u32) -> Cdi {
-        let kind = "criu-gpu-test.example/gpu".to_owned();
+        // A kind of this test process's own: two runs on one machine (each with a spec in the
+        // shared /var/run/cdi) would otherwise define the same devices twice, which Podman
+        // refuses ("unresolvable CDI devices").
+        let kind = format!("criu-gpu-test-{}.example/gpu", std::process::id());
         let node = |n: u32| serde_json::json!({"path": format!("/dev/nvidia{n}"), "type": "c", "major": 195, "minor": n});
         let mut devices: Vec<serde_json::Value> = (0..gpus)
             .map(|n| serde_json::json!({"name": n.to_string(), "containerEdits": {"deviceNodes": [node(n)]}}))
