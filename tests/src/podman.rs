@@ -6,17 +6,84 @@ use std::process::{Command, Output};
 
 use crate::Sim;
 
-pub const CONF: &str = "/etc/criu/gpu-plugin.conf";
-
-pub fn podman(args: &[&str]) -> Output {
-    Command::new("podman")
-        .args(args)
-        .output()
-        .expect("run podman")
+/// Podman for one test: runc through a wrapper of the test's own that names the test's own
+/// plugin settings file (`CRIU_GPU_CONFIG`) to the CRIU it starts, so tests running at once never
+/// share `/etc/criu/gpu-plugin.conf`. The variable cannot come from the caller's environment:
+/// Podman starts conmon, and conmon the runtime, with environments of their own.
+#[derive(Clone)]
+pub struct Podman {
+    runtime: PathBuf,
+    /// The plugin's settings file of this test.
+    pub conf: PathBuf,
 }
 
-/// Podman's tests share the plugin's settings file (/etc/criu/gpu-plugin.conf, what runc's CRIU
-/// reads): one at a time. Held for the whole test.
+impl Podman {
+    pub fn new(scratch: &Path) -> Podman {
+        let dir = scratch.join("podman-runtime");
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = scratch.join("gpu-plugin.conf");
+        std::fs::write(&conf, "").unwrap();
+        let runc = Command::new("sh")
+            .args(["-c", "command -v runc"])
+            .output()
+            .expect("look for runc");
+        let runc = String::from_utf8_lossy(&runc.stdout).trim().to_owned();
+        assert!(!runc.is_empty(), "runc is not on PATH");
+        // Named runc: Podman knows what a runtime can do by its name.
+        let runtime = dir.join("runc");
+        std::fs::write(
+            &runtime,
+            format!(
+                "#!/bin/sh\nCRIU_GPU_CONFIG='{}' exec {runc} \"$@\"\n",
+                conf.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Podman { runtime, conf }
+    }
+
+    /// `podman ARGS` with this test's runtime (named on every call: Podman knows a runtime given
+    /// by its path only while that call runs).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("podman");
+        c.arg("--runtime").arg(&self.runtime).args(args);
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run podman")
+    }
+
+    /// Writes this test's plugin settings file.
+    pub fn settings(&self, lines: &[String]) {
+        std::fs::write(&self.conf, lines.join("\n") + "\n").unwrap();
+    }
+
+    /// The log of the last checkpoint or restore of a container kept with --keep.
+    pub fn container_log(&self, container: &str, name: &str) -> String {
+        let out = self.run(&["inspect", "--format", "{{.Id}}", container]);
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let path = PathBuf::from("/var/lib/containers/storage/overlay-containers")
+            .join(id)
+            .join("userdata")
+            .join(name);
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+}
+
+/// The plugin settings a simulated machine needs (what criu needs to reach its driver).
+pub fn sim_settings(sim: &Sim) -> Vec<String> {
+    sim.env()
+        .into_iter()
+        .filter(|(k, _)| k != "LD_LIBRARY_PATH")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect()
+}
+
+/// Podman's tests of one test process build one image (named by the process) and each runs a
+/// GPU application on a simulated machine: one at a time. Held for the whole test.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     ONE.lock().unwrap_or_else(|e| e.into_inner())
@@ -39,19 +106,23 @@ pub fn require() {
 /// libraries they need. No registry is involved.
 pub struct Image {
     pub name: String,
+    podman: Podman,
 }
 
 impl Image {
-    pub fn build(scratch: &Path) -> Image {
+    pub fn build(podman: &Podman, scratch: &Path) -> Image {
         let tar = crate::app_rootfs_tar(scratch);
         let name = format!("localhost/criu-gpu-test:{}", std::process::id());
-        let out = podman(&["import", tar.to_str().unwrap(), &name]);
+        let out = podman.run(&["import", tar.to_str().unwrap(), &name]);
         assert!(
             out.status.success(),
             "podman import: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Image { name }
+        Image {
+            name,
+            podman: podman.clone(),
+        }
     }
 
     /// `podman run -d` of the test application with the simulated GPU's socket mounted in, as
@@ -76,8 +147,6 @@ impl Image {
             "-d",
             "--name",
             container,
-            "--runtime",
-            "runc",
             "--network",
             "none",
             // This sandbox cannot raise resource limits; podman's defaults would.
@@ -102,61 +171,14 @@ impl Image {
             "/logs/app.log",
         ]);
         a.extend_from_slice(app_args);
-        podman(&a)
+        self.podman.run(&a)
     }
 }
 
 impl Drop for Image {
     fn drop(&mut self) {
-        let _ = podman(&["rmi", "-f", &self.name]);
+        let _ = self.podman.run(&["rmi", "-f", &self.name]);
     }
-}
-
-/// Replaces the plugin's settings file while alive; puts back what was there.
-pub struct Settings {
-    saved: Option<Vec<u8>>,
-}
-
-impl Settings {
-    pub fn set(lines: &[String]) -> Settings {
-        let saved = std::fs::read(CONF).ok();
-        std::fs::create_dir_all(Path::new(CONF).parent().unwrap()).unwrap();
-        std::fs::write(CONF, lines.join("\n") + "\n").unwrap();
-        Settings { saved }
-    }
-
-    /// The settings a simulated machine needs.
-    pub fn for_sim(sim: &Sim) -> Vec<String> {
-        sim.env()
-            .into_iter()
-            .filter(|(k, _)| k != "LD_LIBRARY_PATH")
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect()
-    }
-}
-
-impl Drop for Settings {
-    fn drop(&mut self) {
-        match &self.saved {
-            Some(b) => {
-                let _ = std::fs::write(CONF, b);
-            }
-            None => {
-                let _ = std::fs::remove_file(CONF);
-            }
-        }
-    }
-}
-
-/// The log of the last checkpoint or restore of a container kept with --keep.
-pub fn container_log(container: &str, name: &str) -> String {
-    let out = podman(&["inspect", "--format", "{{.Id}}", container]);
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let path = PathBuf::from("/var/lib/containers/storage/overlay-containers")
-        .join(id)
-        .join("userdata")
-        .join(name);
-    std::fs::read_to_string(path).unwrap_or_default()
 }
 
 /// A CDI spec of the simulated GPUs, as NVIDIA's container toolkit writes one for real GPUs

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use gpu_ckpt_tests::containerd::{self, Containerd};
-use gpu_ckpt_tests::podman::Settings;
+use gpu_ckpt_tests::podman::sim_settings;
 use gpu_ckpt_tests::*;
 use serde_json::{json, Value};
 
@@ -65,7 +65,7 @@ fn a_gpu_container_is_checkpointed_exported_imported_and_restored_with_ctr() {
     )
     .unwrap();
     let settings = sim.dir.join("gpu-plugin.conf");
-    std::fs::write(&settings, Settings::for_sim(&sim).join("\n")).unwrap();
+    std::fs::write(&settings, sim_settings(&sim).join("\n")).unwrap();
     let ctd = Containerd::start(&sim.dir, &settings);
     let image = import_image(&ctd, &sim.dir);
     let logs = sim.dir.join("logs");

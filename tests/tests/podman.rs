@@ -6,12 +6,14 @@
 use std::process::Command;
 use std::time::Duration;
 
-use gpu_ckpt_tests::podman::{self, container_log, podman, Image, Settings};
+use gpu_ckpt_tests::podman::{self, sim_settings, Image, Podman};
 use gpu_ckpt_tests::*;
 
-fn check(archive: &std::path::Path) -> (i32, String) {
+/// `criu-gpu-check ARCHIVE` with the test's plugin settings.
+fn check(p: &Podman, archive: &std::path::Path) -> (i32, String) {
     let out = Command::new(artifact("criu-gpu-check"))
         .arg(archive)
+        .env("CRIU_GPU_CONFIG", &p.conf)
         .output()
         .unwrap();
     (exit_code(&out), stdout(&out) + &stderr(&out))
@@ -31,13 +33,14 @@ fn a_gpu_container_is_exported_removed_and_imported_with_its_device_data() {
     podman::require();
     let _one = podman::serial();
     let mut sim = Sim::start();
-    let image = Image::build(&sim.dir);
+    let p = Podman::new(&sim.dir);
+    let image = Image::build(&p, &sim.dir);
     let logs = sim.dir.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
     let name = format!("criu-gpu-test-{}", std::process::id());
-    let _cleanup = Cleanup(name.clone());
-    let mut settings = Settings::for_sim(&sim);
-    let conf = Settings::set(&settings);
+    let _cleanup = Cleanup(p.clone(), name.clone());
+    let mut settings = sim_settings(&sim);
+    p.settings(&settings);
     ok(
         &image.run(&sim, &name, &logs, &["--mib", "16", "--interval-ms", "50"]),
         "podman run",
@@ -55,7 +58,7 @@ fn a_gpu_container_is_exported_removed_and_imported_with_its_device_data() {
 
     let archive = sim.dir.join("ckpt.tar.zst");
     ok(
-        &podman(&[
+        &p.run(&[
             "container",
             "checkpoint",
             "--keep",
@@ -65,7 +68,7 @@ fn a_gpu_container_is_exported_removed_and_imported_with_its_device_data() {
         ]),
         "podman container checkpoint --export",
     );
-    let dump_log = container_log(&name, "dump.log");
+    let dump_log = p.container_log(&name, "dump.log");
     assert!(
         dump_log.contains("criu_gpu: checkpointed 1 CUDA process"),
         "{}",
@@ -77,13 +80,13 @@ fn a_gpu_container_is_exported_removed_and_imported_with_its_device_data() {
         "the container is gone, its GPU memory free"
     );
     let steps = app.steps();
-    let (code, text) = check(&archive);
+    let (code, text) = check(&p, &archive);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("OK: this node can restore it"), "{text}");
 
-    ok(&podman(&["rm", &name]), "podman rm");
+    ok(&p.run(&["rm", &name]), "podman rm");
     ok(
-        &podman(&[
+        &p.run(&[
             "container",
             "restore",
             "--keep",
@@ -96,7 +99,7 @@ fn a_gpu_container_is_exported_removed_and_imported_with_its_device_data() {
     assert!(app.steps() > steps);
     app.assert_healthy();
     assert_eq!(sim.gpus()[0].1, 16 << 20, "device memory back on the GPU");
-    let restore_log = container_log(&name, "restore.log");
+    let restore_log = p.container_log(&name, "restore.log");
     assert!(
         restore_log.contains("criu_gpu: restored CUDA state of 1 of 1"),
         "{}",
@@ -106,7 +109,7 @@ fn a_gpu_container_is_exported_removed_and_imported_with_its_device_data() {
     // Another node: GPUs with other UUIDs.
     let archive2 = sim.dir.join("ckpt2.tar.zst");
     ok(
-        &podman(&[
+        &p.run(&[
             "container",
             "checkpoint",
             "--export",
@@ -115,40 +118,39 @@ fn a_gpu_container_is_exported_removed_and_imported_with_its_device_data() {
         ]),
         "second checkpoint",
     );
-    ok(&podman(&["rm", &name]), "podman rm");
+    ok(&p.run(&["rm", &name]), "podman rm");
     sim.swap_gpus(SimSpec {
         seed: "other-node",
         ..SimSpec::default()
     });
-    let (code, text) = check(&archive2);
+    let (code, text) = check(&p, &archive2);
     assert_eq!(code, 1, "{text}");
     assert!(
         text.contains("is not on this machine") && text.contains("CRIU_GPU_DEVICE_MAP"),
         "{text}"
     );
-    let out = podman(&[
+    let out = p.run(&[
         "container",
         "restore",
         "--import",
         archive2.to_str().unwrap(),
     ]);
     assert!(!out.status.success(), "the plugin refuses it too");
-    let restore_log = container_log(&name, "restore.log");
+    let restore_log = p.container_log(&name, "restore.log");
     assert!(
         restore_log.contains("is not on this machine"),
         "{}",
         criu::tail(&restore_log, 20)
     );
-    let _ = podman(&["rm", "-f", &name]);
+    let _ = p.run(&["rm", "-f", &name]);
     // The operator maps the GPUs.
-    drop(conf);
     settings.push("CRIU_GPU_DEVICE_MAP=auto".into());
-    let _conf = Settings::set(&settings);
-    let (code, text) = check(&archive2);
+    p.settings(&settings);
+    let (code, text) = check(&p, &archive2);
     assert_eq!(code, 0, "{text}");
     let steps = app.steps();
     ok(
-        &podman(&[
+        &p.run(&[
             "container",
             "restore",
             "--import",
@@ -161,19 +163,17 @@ fn a_gpu_container_is_exported_removed_and_imported_with_its_device_data() {
     app.assert_healthy();
 }
 
-struct Cleanup(String);
+struct Cleanup(Podman, String);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let _ = podman(&["rm", "-f", &self.0]);
+        let _ = self.0.run(&["rm", "-f", &self.1]);
     }
 }
 
 /// `podman ARGS`, killed after two minutes: a restore that never ends fails the test.
-fn podman_bounded(args: &[&str]) -> std::process::Output {
-    let mut c = Command::new("podman");
-    c.args(args);
-    gpu_ckpt_tests::containerd::run_bounded(c, Duration::from_secs(120))
+fn podman_bounded(p: &Podman, args: &[&str]) -> std::process::Output {
+    gpu_ckpt_tests::containerd::run_bounded(p.command(args), Duration::from_secs(120))
 }
 
 /// A container's device nodes come back from its checkpoint (runc restores /dev, a tmpfs, from
@@ -191,7 +191,8 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
         device_nodes: true,
         ..SimSpec::default()
     });
-    let image = Image::build(&sim.dir);
+    let p = Podman::new(&sim.dir);
+    let image = Image::build(&p, &sim.dir);
     let cdi = podman::Cdi::write(2);
     let logs = sim.dir.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
@@ -205,9 +206,9 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
     .unwrap();
     let annotation = format!("org.criu.config={}", criu_conf.display());
     let name = format!("criu-gpu-test-other-{}", std::process::id());
-    let _cleanup = Cleanup(name.clone());
+    let _cleanup = Cleanup(p.clone(), name.clone());
     let uuids = sim.gpu_uuids();
-    let mut settings = Settings::for_sim(&sim);
+    let mut settings = sim_settings(&sim);
     let map = format!("CRIU_GPU_DEVICE_MAP={}={}", uuids[0], uuids[1]);
     let app = App {
         pid: 0,
@@ -217,7 +218,7 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
     let archive = archive.to_str().unwrap();
 
     // Given GPU 0 only.
-    let conf = Settings::set(&settings);
+    p.settings(&settings);
     let dev0 = cdi.device("0");
     ok(
         &image.run_with(
@@ -235,23 +236,25 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
         app.tail()
     );
     ok(
-        &podman_bounded(&[
-            "container",
-            "checkpoint",
-            "--compress",
-            "none",
-            "--export",
-            archive,
-            &name,
-        ]),
+        &podman_bounded(
+            &p,
+            &[
+                "container",
+                "checkpoint",
+                "--compress",
+                "none",
+                "--export",
+                archive,
+                &name,
+            ],
+        ),
         "checkpoint",
     );
-    ok(&podman(&["rm", &name]), "podman rm");
-    drop(conf);
+    ok(&p.run(&["rm", &name]), "podman rm");
     settings.push(map.clone());
-    let conf = Settings::set(&settings);
+    p.settings(&settings);
     let start = std::time::Instant::now();
-    let out = podman_bounded(&["container", "restore", "--keep", "--import", archive]);
+    let out = podman_bounded(&p, &["container", "restore", "--keep", "--import", archive]);
     assert!(!out.status.success(), "restored without /dev/nvidia1");
     assert!(
         start.elapsed() < Duration::from_secs(60),
@@ -259,26 +262,25 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
         start.elapsed(),
         stderr(&out)
     );
-    let log = container_log(&name, "restore.log");
+    let log = p.container_log(&name, "restore.log");
     assert!(
         log.contains("its root file system has no /dev/nvidia1"),
         "{}",
         criu::tail(&log, 20)
     );
     assert_eq!(sim.gpus()[1].1, 0, "nothing is left on GPU 1");
-    ok(&podman(&["rm", "-f", "-t", "0", &name]), "podman rm -f");
+    ok(&p.run(&["rm", "-f", "-t", "0", &name]), "podman rm -f");
     // The archive as it was: restored where it ran.
-    drop(conf);
     settings.retain(|s| s != &map);
-    let conf = Settings::set(&settings);
+    p.settings(&settings);
     ok(
-        &podman_bounded(&["container", "restore", "--import", archive]),
+        &podman_bounded(&p, &["container", "restore", "--import", archive]),
         "restore on GPU 0",
     );
     assert!(app.advances(5), "{}", app.tail());
     app.assert_healthy();
     assert_eq!(sim.gpus()[0].1, 16 << 20);
-    ok(&podman(&["rm", "-f", "-t", "0", &name]), "podman rm -f");
+    ok(&p.run(&["rm", "-f", "-t", "0", &name]), "podman rm -f");
 
     // Given every GPU's node: its state goes to GPU 1.
     let all = cdi.device("all");
@@ -294,23 +296,25 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
     );
     assert!(app.advances(3), "{}", app.tail());
     ok(
-        &podman_bounded(&[
-            "container",
-            "checkpoint",
-            "--compress",
-            "none",
-            "--export",
-            archive,
-            &name,
-        ]),
+        &podman_bounded(
+            &p,
+            &[
+                "container",
+                "checkpoint",
+                "--compress",
+                "none",
+                "--export",
+                archive,
+                &name,
+            ],
+        ),
         "checkpoint",
     );
-    ok(&podman(&["rm", &name]), "podman rm");
-    drop(conf);
+    ok(&p.run(&["rm", &name]), "podman rm");
     settings.push(map);
-    let _conf = Settings::set(&settings);
+    p.settings(&settings);
     ok(
-        &podman_bounded(&["container", "restore", "--import", archive]),
+        &podman_bounded(&p, &["container", "restore", "--import", archive]),
         "restore onto GPU 1",
     );
     assert!(app.advances(5), "{}", app.tail());
@@ -322,7 +326,7 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
         "the state is on GPU 1"
     );
     // Hand the simulated GPU back before the Sim goes.
-    let _ = podman(&["rm", "-f", "-t", "0", &name]);
+    let _ = p.run(&["rm", "-f", "-t", "0", &name]);
 }
 
 /// `criu-gpu ARGS` (the snapshot store's commands).
@@ -343,12 +347,13 @@ fn a_gpu_container_is_restored_from_a_snapshot_store() {
     podman::require();
     let _one = podman::serial();
     let sim = Sim::start();
-    let image = Image::build(&sim.dir);
+    let p = Podman::new(&sim.dir);
+    let image = Image::build(&p, &sim.dir);
     let logs = sim.dir.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
     let name = format!("criu-gpu-store-{}", std::process::id());
-    let _cleanup = Cleanup(name.clone());
-    let _conf = Settings::set(&Settings::for_sim(&sim));
+    let _cleanup = Cleanup(p.clone(), name.clone());
+    p.settings(&sim_settings(&sim));
     ok(
         &image.run(
             &sim,
@@ -376,7 +381,7 @@ fn a_gpu_container_is_restored_from_a_snapshot_store() {
         let archive = sim.dir.join(format!("{snap}.tar.zst"));
         let a = archive.to_str().unwrap();
         ok(
-            &podman(&[
+            &p.run(&[
                 "container",
                 "checkpoint",
                 "--leave-running",
@@ -396,18 +401,18 @@ fn a_gpu_container_is_restored_from_a_snapshot_store() {
         new[1] * 4 < new[0],
         "the second checkpoint is mostly in the store: {new:?}"
     );
-    ok(&podman(&["rm", "-f", &name]), "podman rm");
+    ok(&p.run(&["rm", "-f", &name]), "podman rm");
     let exported = sim.dir.join("two.tar");
     let e = exported.to_str().unwrap();
     ok(
         &store_cmd(&["store", "export", s, "two", "--output", e]),
         "criu-gpu store export",
     );
-    let (code, text) = check(&exported);
+    let (code, text) = check(&p, &exported);
     assert_eq!(code, 0, "{text}");
     let steps = app.steps();
     ok(
-        &podman(&["container", "restore", "--import", e]),
+        &p.run(&["container", "restore", "--import", e]),
         "podman container restore --import (from the store)",
     );
     assert!(app.advances(2), "{}", app.tail());
