@@ -75,16 +75,11 @@ fn report(e: &Error, json: bool) -> ExitCode {
 }
 
 /// The plugin's settings on this node (its driver libraries, the device map, ...), read once per
-/// command. The simulated driver's variables in the settings file go into this process's
-/// environment as they are read, before any thread starts, for the driver a command may load.
+/// command.
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
 
 fn settings() -> &'static Settings {
-    SETTINGS.get_or_init(|| {
-        let s = Settings::load();
-        s.pass_to_driver();
-        s
-    })
+    SETTINGS.get_or_init(Settings::load)
 }
 
 fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {

@@ -109,9 +109,9 @@ pub fn lookup(spec: &str, op: Op, pid: i32, tgid: i32) -> Result<Fault, String> 
 
 /// The fault this controller's environment asks for.
 pub fn injected(op: Op, pid: i32, tgid: i32) -> Result<Fault, String> {
-    match std::env::var(FAULT_ENV) {
-        Ok(spec) => lookup(&spec, op, pid, tgid),
-        Err(_) => Ok(Fault::None),
+    match crate::config::var(FAULT_ENV) {
+        Some(spec) => lookup(&spec, op, pid, tgid),
+        None => Ok(Fault::None),
     }
 }
 

@@ -9,6 +9,7 @@
 //! * `cuda-sim-app`, a GPU-like test application that keeps checkable data on the device.
 
 pub mod collective;
+pub mod config;
 pub mod control;
 pub mod controller;
 pub mod errors;

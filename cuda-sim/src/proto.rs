@@ -7,7 +7,8 @@ use std::io::{self, Read, Write};
 
 /// Default socket of the daemon, like the device nodes of a real driver.
 pub const DEFAULT_SOCKET: &str = "/run/cuda-sim/gpud.sock";
-/// Environment variable that overrides the socket path (for processes and controllers).
+/// The variable that overrides the socket path (for processes and controllers; read through
+/// [`crate::config::var`]).
 pub const SOCKET_ENV: &str = "CUDA_SIM_SOCKET";
 /// Frames larger than this are refused (a corrupt or hostile peer).
 pub const MAX_FRAME: usize = 64 << 20;
@@ -15,10 +16,7 @@ pub const MAX_FRAME: usize = 64 << 20;
 pub const CHUNK: usize = 8 << 20;
 
 pub fn socket_path() -> String {
-    std::env::var(SOCKET_ENV)
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| DEFAULT_SOCKET.to_owned())
+    crate::config::var(SOCKET_ENV).unwrap_or_else(|| DEFAULT_SOCKET.to_owned())
 }
 
 /// One simulated GPU as the daemon describes it.

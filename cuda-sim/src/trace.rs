@@ -27,7 +27,7 @@ pub fn line(pid: i32, op: Op, done: &Done) -> String {
 
 /// Appends the line of one finished action, if this controller traces.
 pub fn record(pid: i32, op: Op, done: &Done) {
-    let Some(path) = std::env::var_os(TRACE_ENV).filter(|p| !p.is_empty()) else {
+    let Some(path) = crate::config::var(TRACE_ENV) else {
         return;
     };
     let written = std::fs::OpenOptions::new()
@@ -36,10 +36,7 @@ pub fn record(pid: i32, op: Op, done: &Done) {
         .open(&path)
         .and_then(|mut f| f.write_all(line(pid, op, done).as_bytes()));
     if let Err(e) = written {
-        eprintln!(
-            "cuda-sim: cannot append to {TRACE_ENV}={}: {e}",
-            path.to_string_lossy()
-        );
+        eprintln!("cuda-sim: cannot append to {TRACE_ENV}={path}: {e}");
     }
 }
 

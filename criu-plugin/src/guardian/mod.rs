@@ -118,9 +118,6 @@ impl Guardian {
             .map(|d| d.as_raw_fd())
             .collect();
         let (link, pid) = sys::spawn(&keep, move |link, criu, criu_pid| {
-            // The guardian's own environment, while it runs one thread: the simulated driver's
-            // variables from the settings file, for the driver it is about to load.
-            settings.pass_to_driver();
             let lineage = watch
                 .restore()
                 .then(|| lineage::Lineage::follow(events, criu_pid));

@@ -11,9 +11,8 @@
 //! changes anything, and a bad value is refused then, with its key, where it came from, what it
 //! takes and its default. Keys the plugin does not know are reported once, as a warning.
 //!
-//! The file may also hold the simulated driver's own variables (`CUDA_SIM_*`): the process that
-//! loads the driver (the guardian, a tool) puts them into its environment before it loads it
-//! ([`Settings::pass_to_driver`]). Nothing is put into criu's environment.
+//! The file may also hold the simulated driver's own variables (`CUDA_SIM_*`): the simulated
+//! driver reads them there itself. Nothing is put into any process's environment.
 
 pub mod declared;
 mod parse;
@@ -30,8 +29,6 @@ pub use self::parse::switch;
 
 pub const CONFIG_FILE: &str = "/etc/criu/gpu-plugin.conf";
 pub const CONFIG_ENV: &str = "CRIU_GPU_CONFIG";
-/// The simulated driver's variables, which the file may pass to the driver.
-const DRIVER_PREFIX: &str = "CUDA_SIM_";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -69,8 +66,6 @@ pub struct SettingsError {
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
     values: BTreeMap<String, (String, Source)>,
-    /// The file's `CUDA_SIM_*` lines the environment lacks.
-    driver: Vec<(String, String)>,
 }
 
 fn file_lines(file: &str) -> impl Iterator<Item = (String, String)> + '_ {
@@ -99,9 +94,7 @@ impl Settings {
                 String::new()
             }
         };
-        let env: Vec<(String, String)> = std::env::vars()
-            .filter(|(k, _)| ours(k) || k.starts_with(DRIVER_PREFIX))
-            .collect();
+        let env: Vec<(String, String)> = std::env::vars().filter(|(k, _)| ours(k)).collect();
         let s = Settings::from_sources(&env, &file, &path);
         s.warn_unknown();
         s
@@ -110,21 +103,13 @@ impl Settings {
     /// From the environment's variables and the text of the settings file at `path`.
     pub fn from_sources(env: &[(String, String)], file: &str, path: &str) -> Settings {
         let mut values = BTreeMap::new();
-        let mut driver = Vec::new();
-        let in_env = |k: &str| env.iter().any(|(e, _)| e == k);
-        for (k, v) in file_lines(file).filter(|(_, v)| !v.is_empty()) {
-            if k.starts_with(DRIVER_PREFIX) {
-                if !in_env(&k) {
-                    driver.push((k, v));
-                }
-            } else if ours(&k) {
-                values.insert(k, (v, Source::File(path.to_owned())));
-            }
+        for (k, v) in file_lines(file).filter(|(k, v)| !v.is_empty() && ours(k)) {
+            values.insert(k, (v, Source::File(path.to_owned())));
         }
         for (k, v) in env.iter().filter(|(k, v)| !v.is_empty() && ours(k)) {
             values.insert(k.clone(), (v.clone(), Source::Environment));
         }
-        Settings { values, driver }
+        Settings { values }
     }
 
     /// The same settings with `key` set to `value` by a tool's option (which wins).
@@ -165,21 +150,6 @@ impl Settings {
             return Some(Box::new(amd_kfd::device::sim::SimKfd::new(root)));
         }
         amd_kfd::device::detect()
-    }
-
-    /// The simulated driver's variables from the settings file that the environment lacks, for
-    /// the environment of the process that loads the driver (the guardian, never criu).
-    pub fn driver_environment(&self) -> &[(String, String)] {
-        &self.driver
-    }
-
-    /// Puts [`Settings::driver_environment`] into this process's environment, for the driver it
-    /// is about to load (the driver reads its own variables). Only in a process of the project's
-    /// own (the guardian, a tool), while it runs one thread: never in criu.
-    pub fn pass_to_driver(&self) {
-        for (k, v) in &self.driver {
-            std::env::set_var(k, v);
-        }
     }
 
     /// Keys with the plugin's prefix that it does not know: a typo, reported once per run.
