@@ -37,8 +37,8 @@ pub fn dump(
         )
     })?;
     let criu = job::criu(r)?;
-    let facts = job::read_job(pid, &r.settings)?;
-    let plan = job::dump_plan(&facts, &criu);
+    let facts = job::dump::read_job(pid, &r.settings)?;
+    let plan = job::dump::dump_plan(&facts, &criu);
     job::show_plan(&plan);
     let me = NodeInfo {
         rank,
@@ -132,7 +132,7 @@ fn dump_in(
     // A snapshot of a torchrun job stays stopped until its rendezvous heartbeats are fresh.
     let agents = torchrun::agents(&facts.members.iter().map(|m| m.pid).collect::<Vec<_>>());
     let hold = leave_running && !agents.is_empty();
-    let mut args = job::dump_args(pid, leave_running && !hold, r, plan)?;
+    let mut args = job::dump::dump_args(pid, leave_running && !hold, r, plan)?;
     if hold {
         args.push("--leave-stopped".into());
     }
@@ -148,8 +148,8 @@ fn dump_in(
     op.hold_members(members.clone());
     let _watch = Watch::start(op.clone(), members);
     let env = vec![(CLUSTER.key.to_owned(), server.path.display().to_string())];
-    job::record_before_criu(pid, facts, plan, &r.dir)?;
-    let ran = job::run_dump(&criu, &args, &env, &command, &r.dir)?;
+    job::dump::record_before_criu(pid, facts, plan, &r.dir)?;
+    let ran = job::dump::run_dump(&criu, &args, &env, &command, &r.dir)?;
     Part {
         job: op.job.clone(),
         generation: op.gen,
@@ -166,15 +166,15 @@ fn dump_in(
         let tree: Vec<i32> = facts.members.iter().map(|m| m.pid).collect();
         let release = || {
             if locked {
-                job::release_network_lock(&r.dir)
+                job::dump::release_network_lock(&r.dir)
             }
         };
         liveness::resume(op, &agents, &tree, across.timeout, IfFailed::GoOn, release)
             .map_err(ClusterError::Part)?;
     } else if !leave_running && locked {
-        job::release_network_lock(&r.dir);
+        job::dump::release_network_lock(&r.dir);
     }
-    job::say_files_recorded(&r.dir);
+    job::dump::say_files_recorded(&r.dir);
     let bytes = job::dir_bytes(&r.dir);
     out::line(format!(
         "dumped node {}'s part of job {} (generation {}, {} node(s)) into {} in {:.1} s: {}",

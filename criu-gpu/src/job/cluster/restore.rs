@@ -29,8 +29,8 @@ pub fn restore(how: &RestoreHow, r: &Request, across: &Across) -> Result<Outcome
     let criu = job::criu(r)?;
     let rec =
         JobRecord::read(&r.dir)?.ok_or_else(|| JobError::NoRecord(r.dir.display().to_string()))?;
-    let env = job::device_map_env(how);
-    let mut plan = job::restore_plan(&rec, how, &r.dir, &r.settings);
+    let env = job::restore::device_map_env(how);
+    let mut plan = job::restore::restore_plan(&rec, how, &r.dir, &r.settings);
     let mut me = NodeInfo {
         rank: part.node_rank,
         host: hostname(),
@@ -115,7 +115,7 @@ fn agree(part: &Part, nodes: &[NodeInfo], criu: &std::path::Path) -> Result<Addr
     if map.is_empty() {
         return Ok(map);
     }
-    if let Some(p) = job::address_map_problem(criu, &map) {
+    if let Some(p) = job::restore::address_map_problem(criu, &map) {
         return Err(ClusterError::Part(format!("{}: {}; nothing was done", p.what, p.fix)).into());
     }
     out::line(format!(
@@ -139,10 +139,10 @@ fn restore_in(
     super::dump::refuse_any(&nodes, plan)?;
     let map = agree(part, &nodes, criu)?;
     if !map.is_empty() {
-        env.push(job::address_map_env(&map));
+        env.push(job::restore::address_map_env(&map));
     }
-    let work = job::work_dir(how, r)?;
-    let mut args = job::restore_args(rec, r, &work);
+    let work = job::restore::work_dir(how, r)?;
+    let mut args = job::restore::restore_args(rec, r, &work);
     // A torchrun job stays stopped until its rendezvous heartbeats are fresh (liveness.rs).
     if !part.agents.is_empty() {
         args.push("--leave-stopped".into());
@@ -158,14 +158,14 @@ fn restore_in(
         return Ok(job::would_run(command, plan.clone()));
     }
     if how.truncate_grown {
-        job::cut_back_grown(&r.dir)?;
+        job::restore::cut_back_grown(&r.dir)?;
     }
     let server = Server::start(op.clone(), across.timeout).map_err(|source| JobError::Io {
         what: "serving the restore's barrier on a unix socket".into(),
         source,
     })?;
     env.push((CLUSTER.key.to_owned(), server.path.display().to_string()));
-    let ran = job::run_restore(criu, &args, &env, &command, &work)?;
+    let ran = job::restore::run_restore(criu, &args, &env, &command, &work)?;
     if !part.agents.is_empty() {
         let tree: Vec<i32> = rec.members.iter().map(|m| m.0).collect();
         liveness::resume(

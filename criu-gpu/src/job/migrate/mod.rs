@@ -60,7 +60,7 @@ pub enum MigrateError {
 /// A CRIU that cannot move pages while the other side restores: the project's CRIU (patch
 /// 0012, `criu check --feature lazy_pages_complete`) on a kernel with userfaultfd's events.
 pub fn streams_pages(criu: &Path) -> Option<Problem> {
-    let ok = crate::criu_bin::has_feature(criu, "lazy_pages_complete");
+    let ok = criu_gpu_host::criu_bin::has_feature(criu, "lazy_pages_complete");
     (!ok).then(|| Problem {
         what: format!(
             "{} cannot move a job's pages while the other node restores it (`criu check \

@@ -41,7 +41,7 @@ pub fn receive(
     if let Some(p) = super::streams_pages(&criu) {
         return Err(JobError::Refused(vec![p]));
     }
-    let settings = job::with_device_map(how, &r.settings);
+    let settings = job::restore::with_device_map(how, &r.settings);
     let request = settings
         .get(&DEVICE_MAP)
         .map_err(|e| MigrateError::Usage(e.to_string()))?;
@@ -248,14 +248,14 @@ fn restore(
     wire.send(&Msg::Restoring)
         .map_err(|e| MigrateError::Lost(e.to_string()))?;
     // The received images are this node's own copy: the restore writes beside them.
-    let mut args = job::restore_args(&rec, r, &r.dir);
+    let mut args = job::restore::restore_args(&rec, r, &r.dir);
     args.extend(["--lazy-pages", "--pages-before-resume"].map(str::to_owned));
     let mut env = Vec::new();
     if !device_map.is_empty() {
         env.push((DEVICE_MAP.key.to_owned(), device_map.to_owned()));
     }
     if let Some(map) = how.address_map.as_ref().filter(|m| !m.is_empty()) {
-        env.push(job::address_map_env(map));
+        env.push(job::restore::address_map_env(map));
     }
     out::line(format!(
         "running: {}",

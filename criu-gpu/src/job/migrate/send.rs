@@ -32,8 +32,8 @@ const LANDED_WAIT: Duration = Duration::from_secs(120);
 /// Moves the job rooted at `pid` to the `criu-gpu restore --listen` at `to`.
 pub fn send(pid: i32, to: &str, r: &Request, limit: Duration) -> Result<Moved, JobError> {
     let criu = job::criu(r)?;
-    let facts = job::read_job(pid, &r.settings)?;
-    let mut plan = job::dump_plan(&facts, &criu);
+    let facts = job::dump::read_job(pid, &r.settings)?;
+    let mut plan = job::dump::dump_plan(&facts, &criu);
     plan.problems.extend(super::streams_pages(&criu));
     let plan = job::show_or_refuse(plan)?;
     let addr = net::resolve(to).map_err(MigrateError::Usage)?;
@@ -60,7 +60,7 @@ pub fn send(pid: i32, to: &str, r: &Request, limit: Duration) -> Result<Moved, J
     let pages = net::connect(addr, Duration::from_secs(10))
         .and_then(|s| say_hello(&s, Role::Pages, &id).map(|()| s))
         .map_err(|e| MigrateError::Connect(to.to_owned(), e))?;
-    job::record_before_criu(pid, &facts, &plan, &r.dir)?;
+    job::dump::record_before_criu(pid, &facts, &plan, &r.dir)?;
     let mut moved = Moved {
         to: format!("{} ({to})", verdict.host),
         ..Moved::default()
@@ -170,7 +170,7 @@ fn dump(
         }
     };
     let fd = net::inheritable(pages).map_err(io("handing the pages connection to CRIU"))?;
-    let mut args = job::dump_args(pid, false, r, plan)?;
+    let mut args = job::dump::dump_args(pid, false, r, plan)?;
     args.extend(["--lazy-pages", "--ps-socket", &fd.to_string()].map(str::to_owned));
     let env = vec![(MIGRATE.key.to_owned(), server.path.display().to_string())];
     out::line(format!(
