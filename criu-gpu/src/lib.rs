@@ -8,7 +8,6 @@
 
 pub mod archive;
 pub mod cli;
-pub mod criu_bin;
 pub mod doctor;
 pub mod error;
 pub mod human;
@@ -17,3 +16,12 @@ pub mod job;
 pub mod out;
 pub mod runtime_conf;
 pub mod snapshots;
+
+/// CRIU's binary as this command finds it: $CRIU, then PATH, then where
+/// scripts/install-criu.sh puts it.
+pub fn find_criu() -> Option<std::path::PathBuf> {
+    criu_gpu_host::criu_bin::find_criu(
+        std::env::var_os("CRIU").map(Into::into),
+        std::env::var_os("PATH").as_deref(),
+    )
+}

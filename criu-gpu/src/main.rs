@@ -585,7 +585,7 @@ fn runtime_config(
 ) -> Result<u8, Error> {
     use criu_gpu::runtime_conf;
     use criu_gpu_host::netlock::NodeLocks;
-    let criu = criu.or_else(criu_gpu::criu_bin::find_criu).ok_or_else(|| {
+    let criu = criu.or_else(criu_gpu::find_criu).ok_or_else(|| {
         Error::Refused(
             "criu not found ($CRIU, PATH, /usr/local/sbin, /usr/sbin): it is what tells \
                  whether this node can take an nftables lock; install it first \

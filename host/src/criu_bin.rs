@@ -1,16 +1,15 @@
 //! The CRIU binary this node runs: where it is and which version.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// CRIU's binary: $CRIU, then PATH, then where scripts/install-criu.sh puts it.
-pub fn find_criu() -> Option<PathBuf> {
-    let mut candidates: Vec<PathBuf> = std::env::var_os("CRIU")
-        .map(PathBuf::from)
-        .into_iter()
-        .collect();
-    if let Some(path) = std::env::var_os("PATH") {
-        candidates.extend(std::env::split_paths(&path).map(|d| d.join("criu")));
+/// CRIU's binary: `named` (the caller's $CRIU or option), then each directory of `search` (a
+/// PATH), then where scripts/install-criu.sh puts it, then the distribution's.
+pub fn find_criu(named: Option<PathBuf>, search: Option<&OsStr>) -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = named.into_iter().collect();
+    if let Some(path) = search {
+        candidates.extend(std::env::split_paths(path).map(|d| d.join("criu")));
     }
     candidates.extend(["/usr/local/sbin/criu", "/usr/sbin/criu"].map(PathBuf::from));
     candidates.into_iter().find(|p| p.is_file())
@@ -40,4 +39,27 @@ pub fn has_feature(criu: &Path, feature: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_named_binary_comes_before_the_search_path() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        for dir in [&a, &b] {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::write(dir.join("criu"), "").unwrap();
+        }
+        let search = std::env::join_paths([&a, &b]).unwrap();
+        let named = d.path().join("named-criu");
+        std::fs::write(&named, "").unwrap();
+        assert_eq!(find_criu(Some(named.clone()), Some(&search)), Some(named));
+        assert_eq!(find_criu(None, Some(&search)), Some(a.join("criu")));
+        // A name that is no file is passed over, not returned.
+        let gone = d.path().join("gone");
+        assert_eq!(find_criu(Some(gone), Some(&search)), Some(a.join("criu")));
+    }
 }

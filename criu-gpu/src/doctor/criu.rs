@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{ok, problem, Finding, Status};
-use crate::criu_bin;
+use criu_gpu_host::criu_bin;
 
 /// The plugin directory CRIU uses: a `lib` line of its settings, else its default.
 fn plugin_dir() -> (PathBuf, String) {
@@ -19,7 +19,7 @@ fn plugin_dir() -> (PathBuf, String) {
 }
 
 pub(super) fn criu() -> Vec<Finding> {
-    let Some(bin) = criu_bin::find_criu() else {
+    let Some(bin) = crate::find_criu() else {
         return vec![problem(
             "criu",
             Status::Fail,

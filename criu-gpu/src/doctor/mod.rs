@@ -14,7 +14,6 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::criu_bin;
 use crate::out;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -68,7 +67,7 @@ pub struct Options {
 pub fn run(opts: &Options) -> Vec<Finding> {
     let mut f = vec![kernel::privileges()];
     f.extend(criu::criu());
-    let criu = criu_bin::find_criu();
+    let criu = crate::find_criu();
     let (gpu, used) = gpus::gpus(opts);
     f.extend(gpu);
     f.push(kernel::huge_pages());

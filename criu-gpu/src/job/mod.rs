@@ -121,7 +121,7 @@ fn criu(r: &Request) -> Result<PathBuf, JobError> {
     let path = r
         .criu
         .clone()
-        .or_else(criu_bin::find_criu)
+        .or_else(crate::find_criu)
         .ok_or(JobError::NoCriu)?;
     match criu_bin::version_of(&path) {
         Some((major, _, _)) if major >= 4 => Ok(path),
