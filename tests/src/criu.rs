@@ -82,11 +82,14 @@ impl Criu {
         }
     }
 
-    /// `criu ARGS --lib PLUGINS` with the machine's environment (not yet started).
+    /// `criu ARGS --lib PLUGINS` with the machine's environment (not yet started), and the
+    /// plugin's settings file of the test's own (the machine's, else absent in its scratch
+    /// directory): never the node's /etc/criu/gpu-plugin.conf.
     pub fn command(&self, sim: &impl Machine, args: &[&str], env: &[(&str, &str)]) -> Command {
         let mut c = Command::new(&self.bin);
         c.args(args)
             .args(["--lib", self.plugins.to_str().unwrap()])
+            .env("CRIU_GPU_CONFIG", sim.scratch().join("gpu-plugin.conf"))
             .envs(sim.env())
             .env_remove("LD_LIBRARY_PATH")
             .envs(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));

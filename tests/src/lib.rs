@@ -153,9 +153,15 @@ impl Sim {
         let _ = fs::remove_file(&self.socket);
     }
 
-    /// The environment every process of this simulated machine needs.
+    /// The environment every process of this simulated machine needs. The plugin's settings file
+    /// is the test's own (absent unless a test writes it): tests running at once never read or
+    /// write the node's /etc/criu/gpu-plugin.conf.
     pub fn env(&self) -> Vec<(String, String)> {
         vec![
+            (
+                "CRIU_GPU_CONFIG".into(),
+                self.dir.join("gpu-plugin.conf").display().to_string(),
+            ),
             ("CUDA_SIM_SOCKET".into(), self.socket.display().to_string()),
             (
                 "CUDA_CKPT_LIBCUDA".into(),

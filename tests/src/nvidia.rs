@@ -49,12 +49,19 @@ impl Nvidia {
 impl Machine for Nvidia {
     /// Nothing selects another driver: the processes load the host's. The scratch directory is
     /// named so that the guardians of this machine's CRIU runs can be told apart
-    /// ([`crate::criu::guardians`]).
+    /// ([`crate::criu::guardians`]). The plugin's settings file is the test's own, as on the
+    /// simulation (absent unless a test writes it): never the host's /etc/criu/gpu-plugin.conf.
     fn env(&self) -> Vec<(String, String)> {
-        vec![(
-            "GPU_CKPT_MACHINE_DIR".into(),
-            self.dir.display().to_string(),
-        )]
+        vec![
+            (
+                "GPU_CKPT_MACHINE_DIR".into(),
+                self.dir.display().to_string(),
+            ),
+            (
+                "CRIU_GPU_CONFIG".into(),
+                self.dir.join("gpu-plugin.conf").display().to_string(),
+            ),
+        ]
     }
     fn scratch(&self) -> &Path {
         &self.dir

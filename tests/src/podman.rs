@@ -77,7 +77,7 @@ impl Podman {
 pub fn sim_settings(sim: &Sim) -> Vec<String> {
     sim.env()
         .into_iter()
-        .filter(|(k, _)| k != "LD_LIBRARY_PATH")
+        .filter(|(k, _)| k != "LD_LIBRARY_PATH" && k != "CRIU_GPU_CONFIG")
         .map(|(k, v)| format!("{k}={v}"))
         .collect()
 }

@@ -59,6 +59,7 @@ fn a_job_on_two_nodes_is_dumped_and_restored_as_one_and_goes_on() {
     let inspect = std::process::Command::new(artifact("criu-gpu"))
         .arg("inspect")
         .arg(&s.dirs[1])
+        .envs(s.sim.env())
         .output()
         .unwrap();
     let t = text(&inspect);
