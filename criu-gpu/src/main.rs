@@ -131,7 +131,7 @@ fn run(command: Command, json: bool, verbose: bool) -> Result<u8, Error> {
                 None => restore_from(&how, (r, across), store, json),
             }
         }
-        Command::Store(c) => snapshots::command::run(c, json),
+        Command::Store(c) => snapshots::command::run(c, settings(), json),
         Command::Check { path } => check(&path, json),
         Command::Thp { command } => with_huge_pages(&command),
         Command::Inspect { path } => inspect_command(&path, json),

@@ -23,6 +23,9 @@ pub struct PutOptions {
     pub compression: Compression,
     pub threads: usize,
     pub lock_wait: Duration,
+    /// Tests of the store's concurrency only: the writer stops between its chunks and its
+    /// manifest while this file exists (at most 120 s), after creating `FILE.held` to say so.
+    pub hold: Option<PathBuf>,
 }
 
 impl Default for PutOptions {
@@ -31,6 +34,7 @@ impl Default for PutOptions {
             compression: Compression::default(),
             threads: crate::default_threads(),
             lock_wait: crate::LOCK_WAIT,
+            hold: None,
         }
     }
 }
@@ -77,7 +81,9 @@ impl Store {
         self.objects.sync()?;
         let sync_seconds = synced.elapsed().as_secs_f64();
         fill_chunks(&mut entries, &sources, ids);
-        hold_before_manifest();
+        if let Some(hold) = &opts.hold {
+            hold_before_manifest(hold);
+        }
         let manifest = Manifest {
             format: FORMAT,
             name: name.to_owned(),
@@ -287,13 +293,10 @@ fn written(
 }
 
 /// Tests of the store's concurrency (tests/tests/store.rs) hold a writer between its chunks and
-/// its manifest: with CRIU_GPU_STORE_HOLD=FILE set, the writer creates FILE.held and waits
-/// while FILE exists (at most 120 s).
-fn hold_before_manifest() {
-    let Some(hold) = std::env::var_os("CRIU_GPU_STORE_HOLD").map(PathBuf::from) else {
-        return;
-    };
-    let mut held = hold.clone().into_os_string();
+/// its manifest ([`PutOptions::hold`]): it creates `hold`.held and waits while `hold` exists (at
+/// most 120 s).
+fn hold_before_manifest(hold: &Path) {
+    let mut held = hold.as_os_str().to_owned();
     held.push(".held");
     let _ = std::fs::write(&held, b"");
     let start = Instant::now();

@@ -3,15 +3,16 @@
 use std::path::Path;
 use std::time::Duration;
 
-use snapshot_store::{Chunking, Compression, Entry, GcOptions, GetOptions, PutOptions, Store};
+use snapshot_store::{Chunking, Entry, GcOptions, GetOptions, PutOptions, Store};
 
-use super::{export, print_gc, print_usage, print_verify, put_path};
+use super::{export, print_gc, print_usage, print_verify, put_options, put_path};
 use crate::cli::StoreCommand;
 use crate::error::Error;
 use crate::{human, out};
+use criu_gpu_host::settings::Settings;
 
 /// Runs `criu-gpu store ...`; the exit status (1 when `verify` found damage).
-pub fn run(command: StoreCommand, json: bool) -> Result<u8, Error> {
+pub fn run(command: StoreCommand, settings: &Settings, json: bool) -> Result<u8, Error> {
     match command {
         StoreCommand::List { store } => list(&store, json),
         StoreCommand::Put {
@@ -19,7 +20,13 @@ pub fn run(command: StoreCommand, json: bool) -> Result<u8, Error> {
             snapshot,
             path,
             compress,
-        } => put(&store, &snapshot, &path, compress, json),
+        } => put(
+            &store,
+            &snapshot,
+            &path,
+            put_options(compress, settings),
+            json,
+        ),
         StoreCommand::Get {
             store,
             snapshot,
@@ -65,12 +72,8 @@ pub fn list(store: &str, json: bool) -> Result<u8, Error> {
     Ok(0)
 }
 
-fn put(store: &str, name: &str, path: &Path, c: Compression, json: bool) -> Result<u8, Error> {
+fn put(store: &str, name: &str, path: &Path, opts: PutOptions, json: bool) -> Result<u8, Error> {
     let store = Store::open_or_create(store, Chunking::default())?;
-    let opts = PutOptions {
-        compression: c,
-        ..PutOptions::default()
-    };
     let w = put_path(&store, name, path, &opts)?;
     if json {
         out::json(&w);

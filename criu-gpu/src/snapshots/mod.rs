@@ -11,6 +11,8 @@ mod report;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use criu_gpu_host::settings::declared::STORE_HOLD;
+use criu_gpu_host::settings::Settings;
 use serde::Serialize;
 use snapshot_store::{Chunking, Compression, GetOptions, PutOptions, Store, Written};
 
@@ -83,6 +85,16 @@ fn stage_of(s: &StoreRequest, what: &str) -> Result<PathBuf, Error> {
     Ok(stage)
 }
 
+/// How this command writes into a store: with `compression`, and held where a test of the
+/// store's concurrency asks (`CRIU_GPU_STORE_HOLD`).
+fn put_options(compression: Compression, settings: &Settings) -> PutOptions {
+    PutOptions {
+        compression,
+        hold: settings.get(&STORE_HOLD).ok().flatten(),
+        ..PutOptions::default()
+    }
+}
+
 /// Dumps the job rooted at `pid` into the store as `s.snapshot`.
 pub fn dump(
     pid: i32,
@@ -125,10 +137,7 @@ pub fn dump(
     let Some(store) = store.filter(|_| !r.dry_run) else {
         return Ok(stored);
     };
-    let opts = PutOptions {
-        compression: s.compression,
-        ..PutOptions::default()
-    };
+    let opts = put_options(s.compression, &r.settings);
     let manifest = store.put(&s.snapshot, &stage, &opts).map_err(|e| {
         Error::Refused(format!(
             "{e}; the images are kept in {st}: `criu-gpu store put {} {} {st}` stores them",

@@ -96,6 +96,10 @@ declare! {
         default None, "none: not a move",
         "a job moved without a disk (set by criu-gpu dump --to, for criu-gpu as CRIU's action \
          script; the plugin does not read it): the unix socket of the sending criu-gpu";
+    STORE_HOLD: Option<PathBuf> = "CRIU_GPU_STORE_HOLD", parse::some_path,
+        default None, "none",
+        "tests only: criu-gpu's writes into a snapshot store wait between their chunks and their \
+         manifest while this file exists (FILE.held says one waits; at most 120 s)";
     CONFIG: Option<String> = super::CONFIG_ENV, parse::some_text,
         default None, "/etc/criu/gpu-plugin.conf",
         "the settings file (read from the environment only)";
