@@ -82,6 +82,21 @@ pub fn sim_settings(sim: &Sim) -> Vec<String> {
         .collect()
 }
 
+/// CRIU's settings for the runc of a test's containers, written into its scratch directory: the
+/// plugin under test (never the node's installed one, which /etc/criu/runc.conf names) and CRIU's
+/// timeout for the GPU lock. runc reads the file a container's `org.criu.config` annotation names
+/// at its checkpoints and restores, instead of /etc/criu/runc.conf.
+pub fn criu_config(sim: &Sim) -> PathBuf {
+    let criu = crate::criu::Criu::new(sim);
+    let conf = sim.dir.join("criu-runc.conf");
+    std::fs::write(
+        &conf,
+        format!("lib {}\ntimeout 600\n", criu.plugins.display()),
+    )
+    .unwrap();
+    conf
+}
+
 /// Podman's tests of one test process build one image (named by the process) and each runs a
 /// GPU application on a simulated machine: one at a time. Held for the whole test.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -126,12 +141,13 @@ impl Image {
     }
 
     /// `podman run -d` of the test application with the simulated GPU's socket mounted in, as
-    /// NVIDIA's container toolkit mounts /dev/nvidia*.
+    /// NVIDIA's container toolkit mounts /dev/nvidia*, and CRIU's settings of the test
+    /// ([`criu_config`]) as its `org.criu.config` annotation.
     pub fn run(&self, sim: &Sim, container: &str, logs: &Path, app_args: &[&str]) -> Output {
         self.run_with(sim, container, logs, &[], app_args)
     }
 
-    /// `run` with more podman options (a CDI device, an annotation).
+    /// `run` with more podman options (a CDI device).
     pub fn run_with(
         &self,
         sim: &Sim,
@@ -142,6 +158,7 @@ impl Image {
     ) -> Output {
         let sock_mount = format!("{}:/run/cuda-sim", sim.socket.parent().unwrap().display());
         let log_mount = format!("{}:/logs", logs.display());
+        let annotation = format!("org.criu.config={}", criu_config(sim).display());
         let mut a = vec![
             "run",
             "-d",
@@ -162,6 +179,8 @@ impl Image {
             "LD_LIBRARY_PATH=/opt/sim/lib",
             "-e",
             "CUDA_SIM_SOCKET=/run/cuda-sim/gpud.sock",
+            "--annotation",
+            &annotation,
         ];
         a.extend_from_slice(podman_args);
         a.extend_from_slice(&[

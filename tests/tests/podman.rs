@@ -196,15 +196,6 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
     let cdi = podman::Cdi::write(2);
     let logs = sim.dir.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
-    // CRIU's settings for runc: the plugin under test.
-    let criu = criu::Criu::new(&sim);
-    let criu_conf = sim.dir.join("criu-runc.conf");
-    std::fs::write(
-        &criu_conf,
-        format!("lib {}\ntimeout 600\n", criu.plugins.display()),
-    )
-    .unwrap();
-    let annotation = format!("org.criu.config={}", criu_conf.display());
     let name = format!("criu-gpu-test-other-{}", std::process::id());
     let _cleanup = Cleanup(p.clone(), name.clone());
     let uuids = sim.gpu_uuids();
@@ -225,7 +216,7 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
             &sim,
             &name,
             &logs,
-            &["--device", &dev0, "--annotation", &annotation],
+            &["--device", &dev0],
             &["--mib", "16", "--interval-ms", "50"],
         ),
         "podman run with the GPU by CDI",
@@ -289,7 +280,7 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
             &sim,
             &name,
             &logs,
-            &["--device", &all, "--annotation", &annotation],
+            &["--device", &all],
             &["--mib", "16", "--interval-ms", "50"],
         ),
         "podman run with every GPU",
@@ -329,10 +320,11 @@ fn a_container_goes_to_another_gpu_only_with_that_gpu_s_device_node() {
     let _ = p.run(&["rm", "-f", "-t", "0", &name]);
 }
 
-/// `criu-gpu ARGS` (the snapshot store's commands).
-fn store_cmd(args: &[&str]) -> std::process::Output {
+/// `criu-gpu ARGS` (the snapshot store's commands) with the test's plugin settings.
+fn store_cmd(p: &Podman, args: &[&str]) -> std::process::Output {
     let out = Command::new(artifact("criu-gpu"))
         .args(args)
+        .env("CRIU_GPU_CONFIG", &p.conf)
         .output()
         .unwrap();
     eprintln!("criu-gpu {args:?}: {}{}", stdout(&out), stderr(&out));
@@ -391,7 +383,7 @@ fn a_gpu_container_is_restored_from_a_snapshot_store() {
             ]),
             "podman container checkpoint --leave-running --export",
         );
-        let out = store_cmd(&["store", "put", s, snap, a, "--json"]);
+        let out = store_cmd(&p, &["store", "put", s, snap, a, "--json"]);
         ok(&out, "criu-gpu store put");
         let w: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         new.push(w["new_bytes"].as_u64().unwrap());
@@ -405,7 +397,7 @@ fn a_gpu_container_is_restored_from_a_snapshot_store() {
     let exported = sim.dir.join("two.tar");
     let e = exported.to_str().unwrap();
     ok(
-        &store_cmd(&["store", "export", s, "two", "--output", e]),
+        &store_cmd(&p, &["store", "export", s, "two", "--output", e]),
         "criu-gpu store export",
     );
     let (code, text) = check(&p, &exported);
