@@ -19,7 +19,7 @@ use cuda_checkpoint_ctl::ops::rounds::{Jitter, Next, Outcome, Policy, PAUSE};
 use serde::{Deserialize, Serialize};
 
 use super::phase::{self, Phases};
-use super::store::{Keys, Store};
+use super::store::{Keys, Store, Swap};
 use super::watch::{self, Member};
 use super::{ClusterError, Rdzv};
 use crate::out;
@@ -533,13 +533,27 @@ fn open_or_join(
             .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
             .unwrap_or(0)
             + 1;
-        if !store.swap(&gen_key, last, gen.to_string().as_bytes())? {
-            continue;
-        }
         let open = Open { kind, gen, nnodes };
-        // The running operation, under this node's liveness lease: replaced when it is over.
+        // The next generation and the running operation (under this node's liveness lease:
+        // replaced when it is over) in one transaction: of nodes that open at once, one opens it
+        // and the others join it, and no generation number is left unused.
         let prev: Option<&[u8]> = keys.get("open").map(Vec::as_slice);
-        if store.replace_live(&open_key, prev, &json(&open))? {
+        let (gen_text, open_json) = (gen.to_string(), json(&open));
+        let swaps = [
+            Swap {
+                key: &gen_key,
+                was: last,
+                value: gen_text.as_bytes(),
+                live: false,
+            },
+            Swap {
+                key: &open_key,
+                was: prev,
+                value: &open_json,
+                live: true,
+            },
+        ];
+        if store.swap_all(&swaps)? {
             return Ok(open);
         }
     }

@@ -33,6 +33,15 @@ pub struct StoreError {
 /// The keys under one prefix, by their name after it.
 pub type Keys = BTreeMap<String, Vec<u8>>;
 
+/// One key's change in [`Store::swap_all`]: to `value` if it still holds `was` (`None`: absent),
+/// under the node's liveness lease if `live` (else under none).
+pub struct Swap<'a> {
+    pub key: &'a str,
+    pub was: Option<&'a [u8]>,
+    pub value: &'a [u8],
+    pub live: bool,
+}
+
 /// A node's connection to etcd.
 pub struct Store {
     rt: tokio::runtime::Runtime,
@@ -164,42 +173,24 @@ impl Store {
         self.commit(txn)
     }
 
-    /// Sets `key` to `value` (no lease) if it still holds `was` (`None`: absent).
-    pub fn swap(&self, key: &str, was: Option<&[u8]>, value: &[u8]) -> Result<bool, StoreError> {
-        self.put_if_was(key, was, value, None)
-    }
-
-    /// Sets `key` to `value` under the liveness lease if it still holds `was` (`None`: absent).
-    pub fn replace_live(
-        &self,
-        key: &str,
-        was: Option<&[u8]>,
-        value: &[u8],
-    ) -> Result<bool, StoreError> {
-        self.put_if_was(
-            key,
-            was,
-            value,
-            Some(PutOptions::new().with_lease(self.live)),
-        )
-    }
-
-    /// Puts `key` (with `options`) if it still holds `was` (`None`: absent); whether it did.
-    fn put_if_was(
-        &self,
-        key: &str,
-        was: Option<&[u8]>,
-        value: &[u8],
-        options: Option<PutOptions>,
-    ) -> Result<bool, StoreError> {
-        let compare = match was {
-            Some(v) => Compare::value(key, CompareOp::Equal, v),
-            None => Compare::create_revision(key, CompareOp::Equal, 0),
-        };
-        let txn = Txn::new()
-            .when(vec![compare])
-            .and_then(vec![TxnOp::put(key, value, options)]);
-        self.commit(txn)
+    /// Makes every change of `swaps` if each key still holds what it `was`, or none of them
+    /// (one transaction); whether it made them.
+    pub fn swap_all(&self, swaps: &[Swap<'_>]) -> Result<bool, StoreError> {
+        let compares: Vec<Compare> = swaps
+            .iter()
+            .map(|s| match s.was {
+                Some(v) => Compare::value(s.key, CompareOp::Equal, v),
+                None => Compare::create_revision(s.key, CompareOp::Equal, 0),
+            })
+            .collect();
+        let puts: Vec<TxnOp> = swaps
+            .iter()
+            .map(|s| {
+                let lease = s.live.then(|| PutOptions::new().with_lease(self.live));
+                TxnOp::put(s.key, s.value, lease)
+            })
+            .collect();
+        self.commit(Txn::new().when(compares).and_then(puts))
     }
 
     /// Runs a write transaction; whether its comparisons held.
