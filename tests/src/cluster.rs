@@ -224,7 +224,26 @@ pub fn criu_gpu_on(
     criu_args: &[&str],
     env: &[(&str, &str)],
 ) -> Child {
-    let mut cmd = bed.command(node, &artifact("criu-gpu"));
+    spawn_criu_gpu(
+        bed.command(node, &artifact("criu-gpu")),
+        sim,
+        c,
+        args,
+        criu_args,
+        env,
+    )
+}
+
+/// `criu-gpu ARGS` as `cmd` runs it (criu-gpu itself inside a node, or a program that execs it
+/// there), with this CRIU and the simulated GPU, started.
+pub fn spawn_criu_gpu(
+    mut cmd: Command,
+    sim: &Sim,
+    c: &Criu,
+    args: &[String],
+    criu_args: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
     crate::job::criu_gpu_args(&mut cmd, sim, c, args, criu_args, env);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())

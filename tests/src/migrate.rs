@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
-use crate::cluster::{criu_gpu_on, Bed};
+use crate::cluster::{criu_gpu_on, spawn_criu_gpu, Bed};
 use crate::criu::Criu;
 use crate::*;
 
@@ -140,6 +140,23 @@ impl Move {
 
     /// `criu-gpu dump ROOT FROM --to B:PORT MORE` on node A.
     pub fn send(&self, root: i32, more: &[&str], env: &[(&str, &str)]) -> Child {
+        let args = self.send_args(root, more);
+        criu_gpu_on(&self.sim, &self.bed, &self.c, "n0", &args, &[], env)
+    }
+
+    /// [`Move::send`] by a criu-gpu, and so a CRIU, without CAP_SYS_RESOURCE (as in a container
+    /// with Docker's default capabilities): CRIU's pipes stay at `fs.pipe-max-size` (1 MiB), so
+    /// a lazy dump holds a pipe, two fds, for each MiB of the pages it has yet to send.
+    pub fn send_without_sys_resource(&self, root: i32) -> Child {
+        let mut setpriv = self.bed.command("n0", Path::new("/usr/bin/setpriv"));
+        setpriv
+            .args(["--bounding-set", "-sys_resource"])
+            .arg(artifact("criu-gpu"));
+        let args = self.send_args(root, &[]);
+        spawn_criu_gpu(setpriv, &self.sim, &self.c, &args, &[], &[])
+    }
+
+    fn send_args(&self, root: i32, more: &[&str]) -> Vec<String> {
         let mut args: Vec<String> = vec![
             "dump".into(),
             "--to".into(),
@@ -148,7 +165,7 @@ impl Move {
         args.extend(more.iter().map(|s| s.to_string()));
         args.push(root.to_string());
         args.push(self.from.display().to_string());
-        criu_gpu_on(&self.sim, &self.bed, &self.c, "n0", &args, &[], env)
+        args
     }
 
     /// Both sides' outputs (at most 3 minutes each), printed.

@@ -228,3 +228,54 @@ fn a_two_rank_job_moves_and_ends_as_an_uninterrupted_run_does() {
         App { pid: 0, log: moved }.assert_healthy();
     }
 }
+
+/// A lazy dump holds the pages of every task it dumped in pipes until they are sent: with CRIU's
+/// pipes at `fs.pipe-max-size` (1 MiB, CRIU without CAP_SYS_RESOURCE), rank 0's 600 MiB (its
+/// 300 MiB of device memory and the copy it checks them against) are 1200 fds. The connections
+/// of rank 1, dumped after it, are locked through libnftables, whose select() on its netlink
+/// socket aborted CRIU once that socket's fd passed FD_SETSIZE (1024): a torch DDP job (hundreds
+/// of MiB per process) could not move.
+#[test]
+fn a_job_whose_pages_fill_more_than_1024_fds_of_pipes_moves() {
+    let mut m = Move::up("1GiB");
+    let job = m.start(
+        "n0",
+        "job",
+        &[
+            "--ranks",
+            "2",
+            "--mib",
+            "300",
+            "--device",
+            "0",
+            "--interval-ms",
+            "50",
+        ],
+    );
+    let map = m.device_map(&[(0, 1), (1, 0)]);
+    let b = m.listen(&["--device-map", &map], &[]);
+    let a = m.send_without_sys_resource(job.root);
+    let (a, b) = m.outcome(b, a);
+    let (ta, tb) = (cluster::text(&a), cluster::text(&b));
+    assert!(a.status.success(), "{ta}");
+    assert!(b.status.success(), "{tb}");
+    for p in &job.pids {
+        wait_gone(*p);
+    }
+    m.sim.adopt(landed_root(&ta));
+    // Both ranks go on on node B (each step checks the rank's data, connections and shared
+    // file; a step of 300 MiB takes seconds on a loaded machine).
+    for r in 0..2 {
+        let rank = App {
+            pid: 0,
+            log: job.app.log.with_extension(format!("rank{r}")),
+        };
+        let moved_at = rank.steps();
+        assert!(
+            wait_until(Duration::from_secs(90), || rank.steps() >= moved_at + 3),
+            "rank {r}: {}",
+            rank.tail()
+        );
+        rank.assert_healthy();
+    }
+}
