@@ -206,6 +206,16 @@ impl Move {
 
     /// The pid of node B's `criu restore`.
     pub fn receiver_criu(&self) -> Option<i32> {
+        self.receiver_running("restore")
+    }
+
+    /// The pid of node B's `criu lazy-pages` (the daemon that asks node A for the pages).
+    pub fn receiver_lazy_pages(&self) -> Option<i32> {
+        self.receiver_running("lazy-pages")
+    }
+
+    /// The pid of node B's `criu MODE -D INTO`.
+    fn receiver_running(&self, mode: &str) -> Option<i32> {
         let dir = self.into.display().to_string();
         process_facts::process::all_pids().into_iter().find(|p| {
             let Ok(c) = std::fs::read_to_string(format!("/proc/{p}/cmdline")) else {
@@ -213,7 +223,7 @@ impl Move {
             };
             let args: Vec<&str> = c.split('\0').collect();
             args.first().is_some_and(|a| a.ends_with("criu"))
-                && args.get(1) == Some(&"restore")
+                && args.get(1) == Some(&mode)
                 && args.windows(2).any(|w| w == ["-D", dir.as_str()])
         })
     }

@@ -5,6 +5,7 @@
 
 use gpu_ckpt_tests::migrate::*;
 use gpu_ckpt_tests::*;
+use std::process::Child;
 use std::time::Duration;
 
 /// The lazy-pages daemon pauses 50 ms after each answer (CRIU fault injection 141): a stream
@@ -165,6 +166,60 @@ fn assert_left_on_a(m: &Move, job: &Moving, a: &std::process::Output, b: &std::p
     );
 }
 
+/// Node B's lazy-pages daemon killed once B's restore holds the job's tasks (traced, their late
+/// hooks run) and the pages still stream: B's restore fails and kills what it restored, and the
+/// job runs on at A, its connections too. The job's root, init of its pid namespace, has
+/// threads of its own, as a torch launcher has: its last thread ends only once every other task
+/// and thread of the namespace is reaped, and B's CRIU, waiting for that thread before reaping
+/// the others, waited for ever (until criu-gpu's bound on it, 10 minutes, as a torch DDP job's
+/// failed move did). A's CRIU resumed the tasks but kept their connections locked.
+#[test]
+fn b_s_lazy_pages_daemon_killed_with_the_tasks_in_hand_b_gives_up_at_once() {
+    let mut m = Move::up("1GiB");
+    let job = m.start(
+        "n0",
+        "job",
+        &two_ranks(&["--mib", "16", "--parent-threads", "2"]),
+    );
+    let map = m.device_map(&[(0, 1), (1, 0)]);
+    let b = m.listen(&["--device-map", &map], &[SLOW_STREAM]);
+    let a = m.send(job.root, &[], &[]);
+    let restore_log = m.into.join("restore.log");
+    assert!(
+        wait_until(Duration::from_secs(60), || std::fs::read_to_string(
+            &restore_log
+        )
+        .is_ok_and(|t| t.contains("Run late stage hook"))),
+        "node B's restore did not take the tasks in hand"
+    );
+    assert!(!m.receiver_logged("task(s) in place"), "the stream ended");
+    let daemon = m
+        .receiver_lazy_pages()
+        .expect("node B's lazy-pages daemon runs");
+    let killed = std::time::Instant::now();
+    signal(daemon, nix::sys::signal::Signal::SIGKILL);
+    let (a, b) = m.outcome(b, a);
+    let (ta, tb) = (cluster::text(&a), cluster::text(&b));
+    assert!(
+        killed.elapsed() < Duration::from_secs(60),
+        "{:?} for both sides to give up:\n{ta}\n{tb}",
+        killed.elapsed()
+    );
+    assert!(!a.status.success(), "{ta}");
+    assert!(!b.status.success(), "{tb}");
+    assert!(ta.contains("it runs on here"), "{ta}");
+    for p in &job.pids {
+        assert!(pid_alive(*p), "{p} is gone: {ta}");
+    }
+    // Each step goes through the ranks' connections: they are not locked any more.
+    for r in 0..2 {
+        let rank = rank_log(&job, r);
+        assert!(rank.advances(3), "rank {r}: {}", rank.tail());
+        rank.assert_healthy();
+    }
+    assert_eq!(m.strangers(&job), Vec::<i32>::new());
+}
+
 #[test]
 fn a_two_rank_job_moves_and_ends_as_an_uninterrupted_run_does() {
     const STEPS: u64 = 60;
@@ -238,23 +293,44 @@ fn a_two_rank_job_moves_and_ends_as_an_uninterrupted_run_does() {
 #[test]
 fn a_job_whose_pages_fill_more_than_1024_fds_of_pipes_moves() {
     let mut m = Move::up("1GiB");
-    let job = m.start(
-        "n0",
-        "job",
-        &[
-            "--ranks",
-            "2",
-            "--mib",
-            "300",
-            "--device",
-            "0",
-            "--interval-ms",
-            "50",
-        ],
-    );
+    let job = m.start("n0", "job", &two_ranks(&["--mib", "300"]));
     let map = m.device_map(&[(0, 1), (1, 0)]);
     let b = m.listen(&["--device-map", &map], &[]);
     let a = m.send_without_sys_resource(job.root);
+    assert_both_ranks_moved(&mut m, &job, a, b);
+}
+
+/// A job whose heap is fragmented as torch's allocators leave one: every other page of 64 MiB
+/// written in each rank, 8192 runs of pages. The stream asks node A's page server for each run
+/// it reads; while that page server waits to send its answers it reads no request, and the
+/// lazy-pages daemon's requests, unbounded in number, filled the connection until its
+/// non-blocking send failed ("Can't send PSI 7 to server: Resource temporarily unavailable"):
+/// the move failed, as a torch DDP job's did now and then.
+#[test]
+fn a_job_with_a_fragmented_heap_moves() {
+    let mut m = Move::up("1GiB");
+    let job = m.start(
+        "n0",
+        "job",
+        &two_ranks(&["--mib", "16", "--sparse-mib", "64"]),
+    );
+    let map = m.device_map(&[(0, 1), (1, 0)]);
+    let b = m.listen(&["--device-map", &map], &[]);
+    let a = m.send(job.root, &[], &[]);
+    assert_both_ranks_moved(&mut m, &job, a, b);
+}
+
+/// `--ranks 2 MORE` on GPUs 0 and 1, a step every 50 ms.
+fn two_ranks<'a>(more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--ranks", "2", "--device", "0", "--interval-ms", "50"];
+    args.extend_from_slice(more);
+    args
+}
+
+/// The move of a two-rank job succeeded: node A's tasks are gone, and both ranks go on on node
+/// B (each step checks the rank's data, connections and shared file; a step of hundreds of MiB
+/// takes seconds on a loaded machine).
+fn assert_both_ranks_moved(m: &mut Move, job: &Moving, a: Child, b: Child) {
     let (a, b) = m.outcome(b, a);
     let (ta, tb) = (cluster::text(&a), cluster::text(&b));
     assert!(a.status.success(), "{ta}");
@@ -263,13 +339,8 @@ fn a_job_whose_pages_fill_more_than_1024_fds_of_pipes_moves() {
         wait_gone(*p);
     }
     m.sim.adopt(landed_root(&ta));
-    // Both ranks go on on node B (each step checks the rank's data, connections and shared
-    // file; a step of 300 MiB takes seconds on a loaded machine).
     for r in 0..2 {
-        let rank = App {
-            pid: 0,
-            log: job.app.log.with_extension(format!("rank{r}")),
-        };
+        let rank = rank_log(job, r);
         let moved_at = rank.steps();
         assert!(
             wait_until(Duration::from_secs(90), || rank.steps() >= moved_at + 3),
@@ -277,5 +348,13 @@ fn a_job_whose_pages_fill_more_than_1024_fds_of_pipes_moves() {
             rank.tail()
         );
         rank.assert_healthy();
+    }
+}
+
+/// Rank `r`'s log of a job started with `--ranks`.
+fn rank_log(job: &Moving, r: usize) -> App {
+    App {
+        pid: 0,
+        log: job.app.log.with_extension(format!("rank{r}")),
     }
 }

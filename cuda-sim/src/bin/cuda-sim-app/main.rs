@@ -9,6 +9,7 @@
 
 mod driver;
 mod job;
+mod sparse;
 mod sys;
 
 use std::io::Write;
@@ -89,6 +90,14 @@ struct Args {
     /// its peers' collectives wait for it meanwhile).
     #[arg(long)]
     hold: Option<String>,
+    /// Also hold this many MiB of host memory of which every other page holds data (a
+    /// fragmented heap, as a PyTorch process's), checked every step (see sparse.rs).
+    #[arg(long, default_value_t = 0)]
+    sparse_mib: usize,
+    /// The ranks' parent also runs this many threads that only wait, as a PyTorch launcher's
+    /// interpreter runs threads of its own (with --ranks).
+    #[arg(long, default_value_t = 0)]
+    parent_threads: usize,
 }
 
 fn log_line(path: &str, line: &str) {
@@ -145,6 +154,29 @@ fn wait_while_held(args: &Args, rank: Option<&job::Rank>) {
     }
 }
 
+/// The step's device data read back against what it must be, and the sparse heap's: a mismatch
+/// is logged and ends the process (exit 3).
+fn check_step(log: &str, step: u64, seen: &[u32], expect: &[u32], heap: &sparse::SparseHeap) {
+    let pid = std::process::id();
+    if let Some(i) = (0..seen.len()).find(|&i| seen[i] != expect[i]) {
+        log_line(
+            log,
+            &format!(
+                "MISMATCH step={step} pid={pid} word={i} expected={:#x} got={:#x}",
+                expect[i], seen[i]
+            ),
+        );
+        std::process::exit(3);
+    }
+    if let Some((i, got)) = heap.first_bad() {
+        log_line(
+            log,
+            &format!("MISMATCH step={step} pid={pid} host word={i} got={got:#x}"),
+        );
+        std::process::exit(3);
+    }
+}
+
 fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
     let _held = match &args.hold_unix_socket {
         Some(p) => Some(
@@ -165,6 +197,7 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
     let mut expect: Vec<u32> = (0..words).map(|_| xorshift(&mut rng)).collect();
     cuda.htod(dptr, &expect)?;
     let mut seen = vec![0u32; words];
+    let heap = sparse::SparseHeap::new(args.sparse_mib, rng);
     let region = words.clamp(1, 1 << 16);
     let regions = words.div_ceil(region);
     let pid = std::process::id();
@@ -198,16 +231,7 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
                 std::process::exit(4);
             }
         }
-        if let Some(i) = (0..words).find(|&i| seen[i] != expect[i]) {
-            log_line(
-                &args.log,
-                &format!(
-                    "MISMATCH step={step} pid={pid} word={i} expected={:#x} got={:#x}",
-                    expect[i], seen[i]
-                ),
-            );
-            std::process::exit(3);
-        }
+        check_step(&args.log, step, &seen, &expect, &heap);
         log_line(
             &args.log,
             &format!(
@@ -259,6 +283,11 @@ fn main() -> Result<()> {
         }
         let Some(r) = mine else {
             // The parent waits, as torch.multiprocessing's does.
+            for _ in 0..args.parent_threads {
+                std::thread::spawn(|| loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                });
+            }
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }
