@@ -15,7 +15,9 @@
 #          on node A's GPUs 0 and 1, moved to node B onto GPUs 1 and 0; every logged loss,
 #          all_reduce check, the parameters, the ballast and the store equal to an uninterrupted
 #          run of the same job (ref, first).
-# Each part is bounded and prints PASS or FAIL with what it saw; results go to $OUT as they come.
+# Each part is bounded and prints PASS or FAIL with what it saw; results go to $OUT as they come
+# (CRIU's logs of the DDP job's move and of a failed move too: NAME.a.dump.log, NAME.b.restore.log,
+# NAME.b.lazy.log; the DDP job's rank logs: ddp.ref.rankN.log, ddp.moved.rankN.log).
 # On the GPU machine (needs .carry: PREFIX=<the project's CRIU> scripts/gpu/pack-carry.sh), one
 # call of < 10 minutes:
 #   OUT=$OUT scripts/gpu/migrate.sh
@@ -33,8 +35,9 @@ PARTS=${1:-"move ddp"}
 OUT=${OUT:-/tmp/migrate}
 PYTHON=${PYTHON:-python3}
 ROUNDS=${ROUNDS:-2}
-W=/dev/shm/migrate
-rm -rf "$W" && mkdir -p "$OUT" "$W"
+# A work directory of this run's own: a run beside it (another engineer's) neither removes it nor
+# kills its processes (cleanup finds them by it).
+W=$(mktemp -d /dev/shm/migrate.XXXXXX) && mkdir -p "$OUT" || exit 1
 LOG_FILE=$OUT/migrate.log
 # shellcheck source=scripts/gpu/lib.sh
 . "$here/lib.sh"
@@ -92,7 +95,7 @@ cleanup() {
 	for p in $(pgrep -f "$W/" 2>/dev/null); do [ "$p" = $$ ] || kill -9 "$p" 2>/dev/null; done
 	[ -z "$daemon" ] || kill "$daemon" 2>/dev/null
 	"$NETBED" down "$BED" 2>/dev/null
-	rm -rf "$W"/from-* "$W"/into-*
+	rm -rf "$W"
 }
 trap cleanup EXIT
 "$NETBED" down "$BED" 2>/dev/null
@@ -174,6 +177,16 @@ log_of() {
 		echo "${BASH_REMATCH[1]}/$2"
 	fi
 }
+# keep_logs NAME: the move's CRIU logs into $OUT (the work directories go at exit)
+keep_logs() {
+	local side f
+	for side in a b; do
+		for f in dump.log restore.log lazy.log; do
+			[ -f "$(log_of "$OUT/$1.$side" "$f")" ] && cp "$(log_of "$OUT/$1.$side" "$f")" "$OUT/$1.$side.$f"
+		done
+	done
+	return 0
+}
 DOWN_LIVE=() DOWN_DIR=()
 
 # One move of each kind ------------------------------------------------------------------
@@ -192,6 +205,7 @@ live() {
 	new=$(grep -oE 'its root is pid [0-9]+' "$OUT/$n.a" | grep -oE '[0-9]+$')
 	if [ "$rc" != 0 ] || [ -z "$new" ]; then
 		fail "$n: the move failed: $(grep -hE 'criu-gpu:|Error' "$OUT/$n.a" "$OUT/$n.b" | head -4 | cut -d' ' -f2- | tr '\n' ' ')"
+		keep_logs "$n"
 		return 1
 	fi
 	frozen=$(criu_at "$OUT/$n.a" "$(log_of "$OUT/$n.a" dump.log)" "Dumping processes")
@@ -217,6 +231,7 @@ through_dir() {
 	new=$(cat "$(dirname "$(log_of "$OUT/$n.b" restore.log)")/restore.pid" 2>/dev/null || cat "$W/into-$n/restore.pid")
 	if [ "$rc" != 0 ] || [ -z "$new" ]; then
 		fail "$n: the move failed: $(grep -hE 'criu-gpu:|Error' "$OUT/$n.a" "$OUT/$n.b" | head -4 | cut -d' ' -f2- | tr '\n' ' ')"
+		keep_logs "$n"
 		return 1
 	fi
 	frozen=$(criu_at "$OUT/$n.a" "$(log_of "$OUT/$n.a" dump.log)" "Dumping processes")
@@ -301,15 +316,18 @@ part_ddp() {
 	wait "$bpid" || rc=1
 	if [ "$rc" != 0 ]; then
 		fail "ddp: the move failed: $(grep -hE 'criu-gpu:|Error' "$OUT/ddp.a" "$OUT/ddp.b" | head -4 | cut -d' ' -f2- | tr '\n' ' ')"
+		keep_logs ddp
 		kill_job "$HOLDER"
 		return 1
 	fi
 	grep -E 'downtime' "$OUT/ddp.a" | cut -d' ' -f2- | tee -a "$LOG_FILE"
+	keep_logs ddp
 	if finished "$DIR" 400; then
 		check "ddp: moved to node B and equal to the uninterrupted run (losses, all_reduce checks, parameters, ballast, store)" same "$DIR"
 	else
 		fail "ddp: the moved job did not finish: $(tail -2 "$DIR/rank0.log" | tr '\n' ' ')"
 	fi
+	for r in 0 1; do cp "$W/ref/rank$r.log" "$OUT/ddp.ref.rank$r.log" && cp "$DIR/rank$r.log" "$OUT/ddp.moved.rank$r.log"; done
 }
 
 for part in $PARTS; do
