@@ -62,12 +62,14 @@ pub struct Nodes {
 
 impl Plan {
     pub fn new(ranks: usize, store_port: u16, shm_mib: usize) -> Result<Plan> {
-        let name = format!("/dev/shm/cuda-sim-job-{}", std::process::id());
-        let file = SharedFile::create_unlinked(&name, HEADER + shm_mib.max(1) * (1 << 20))?;
         // Unique to this job on the GPU daemon: the parent's pid and the time it started.
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
+        // Also by the time: jobs in pid namespaces of their own all have pid 1, and a restore
+        // puts the (unlinked) file back at its name for a moment.
+        let name = format!("/dev/shm/cuda-sim-job-{}-{nanos:x}", std::process::id());
+        let file = SharedFile::create_unlinked(&name, HEADER + shm_mib.max(1) * (1 << 20))?;
         Ok(Plan {
             ranks,
             store_port,
