@@ -288,9 +288,18 @@ impl Host {
         self.gpus().into_iter().map(|(u, _)| u).collect()
     }
 
-    /// Device memory in use on all GPUs, in bytes.
-    pub fn gpu_memory_used(&self) -> u64 {
-        self.gpus().iter().map(|g| g.1).sum()
+    /// Device memory `pid` holds on all GPUs, in bytes, as NVML tells it (a checkpointed
+    /// process holds none: NVML lists it on no GPU). A process's own, not the GPUs' totals: on
+    /// a GPU machine the scenarios run side by side on the same GPUs.
+    pub fn gpu_memory_of(&self, pid: i32) -> u64 {
+        let v = self.ctl_json(&["--gpus"]);
+        v["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["pid"].as_i64() == Some(pid.into()))
+            .filter_map(|p| p["memory"].as_u64())
+            .sum()
     }
 
     /// The application is running (its state, as the driver says) and goes on checking its

@@ -67,7 +67,7 @@ fn leave_running_keeps_the_process_going_and_the_image_restores_later() {
     assert_ok(&out, &images, "dump.log");
     host.runs_with_its_data(&app);
     assert!(
-        host.gpu_memory_used() >= mib << 20,
+        host.gpu_memory_of(app.pid) >= mib << 20,
         "its GPU memory is back"
     );
     // Later: the process is lost, and comes back from the image.
@@ -105,7 +105,7 @@ fn criu_failing_after_the_checkpoint_puts_the_gpu_state_back() {
     );
     host.runs_with_its_data(&app);
     assert!(
-        host.gpu_memory_used() >= mib << 20,
+        host.gpu_memory_of(app.pid) >= mib << 20,
         "its GPU memory is back"
     );
 }

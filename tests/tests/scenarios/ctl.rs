@@ -12,16 +12,20 @@ fn a_process_suspended_to_host_memory_gives_back_its_gpu_and_resumes_with_its_da
     let mib = data_mib(&host);
     let app = host.app("app", &Work::mib(mib));
     let p = app.pid.to_string();
-    let before = host.gpu_memory_used();
+    let before = host.gpu_memory_of(app.pid);
+    assert!(
+        before >= mib << 20,
+        "it holds its data on the GPU: {before} bytes"
+    );
     let out = host.ctl(&["--suspend", "--pid", &p, "--timeout", "10000", "--json"]);
     assert!(out.status.success(), "suspend: {}", stderr(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(report["processes"].as_array().is_some_and(|a| a.len() == 1));
     assert_eq!(host.state(app.pid), "checkpointed");
-    let during = host.gpu_memory_used();
-    assert!(
-        during + (mib << 20) / 2 <= before,
-        "GPU memory in use: {before} bytes before, {during} while checkpointed"
+    let during = host.gpu_memory_of(app.pid);
+    assert_eq!(
+        during, 0,
+        "GPU memory of the process: {before} bytes before, {during} while checkpointed"
     );
     let fds = std::fs::read_dir(format!("/proc/{p}/fd")).unwrap();
     let nvidia = fds
