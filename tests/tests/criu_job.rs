@@ -686,7 +686,8 @@ fn every_kind_of_file_lock_the_job_holds_is_dumped_and_restored() {
 
 /// `criu-gpu restore --address-map` on one node: the job's connections (its ring on 127.0.0.1,
 /// its ranks' connections to a store on `[::]`, IPv4-mapped) move to 127.0.0.2 on both ends and
-/// go on there. A CRIU without UPDATE_INETSK (stock 4.2.1) is refused first, naming the fix.
+/// go on there. A CRIU without UPDATE_INETSK (stock 4.2.1) is refused first, naming the fix;
+/// the project's CRIU behind a wrapper script (as pack-carry.sh carries it) is known to have it.
 #[test]
 fn a_restore_with_an_address_map_moves_the_jobs_connections() {
     use process_facts::process::{tcp_sockets, TcpState};
@@ -715,7 +716,22 @@ fn a_restore_with_an_address_map_moves_the_jobs_connections() {
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     assert!(t.contains("lacks the UPDATE_INETSK plugin hook"), "{t}");
-    let out = criu_gpu(&sim, &c, &map, &[]);
+    let wrapper = dir_of(&sim, "criu-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec {} \"$@\"\n", c.bin.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let wrapped = Criu {
+        bin: wrapper,
+        plugins: c.plugins.clone(),
+    };
+    let out = criu_gpu(&sim, &wrapped, &map, &[]);
     assert!(out.status.success(), "{}", text(&out));
     job.advances(5);
     let inodes: Vec<u64> = job

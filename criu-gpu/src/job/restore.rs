@@ -49,15 +49,17 @@ pub(super) fn address_map_env(map: &criu_gpu_image::addrmap::AddressMap) -> (Str
     (ADDRESS_MAP.key.to_owned(), map.to_string())
 }
 
-/// A restore that moves connections needs CRIU's UPDATE_INETSK hook (patch 0012), which only a
-/// CRIU that exports `criu_plugin_max_hooks` offers the plugin: its name is in the binary's
-/// dynamic symbols (stock CRIU 4.2.1 has neither, and no `criu check` feature tells).
+/// A restore that moves connections needs CRIU's UPDATE_INETSK hook (patch 0012): `criu check
+/// --feature update_inetsk` says so (a wrapper script passes it on); builds of the patch from
+/// before that feature are known by `criu_plugin_max_hooks` in the binary's dynamic symbols.
+/// Stock CRIU 4.2.1 has neither.
 pub(super) fn address_map_problem(
     criu: &Path,
     map: &criu_gpu_image::addrmap::AddressMap,
 ) -> Option<Problem> {
     let symbol: &[u8] = b"criu_plugin_max_hooks";
-    let has = std::fs::read(criu).is_ok_and(|b| b.windows(symbol.len()).any(|w| w == symbol));
+    let has = criu_bin::has_feature(criu, "update_inetsk")
+        || std::fs::read(criu).is_ok_and(|b| b.windows(symbol.len()).any(|w| w == symbol));
     (!has).then(|| Problem {
         what: format!(
             "the job's connections must move ({map}), and {} cannot move them: it lacks the \
