@@ -597,9 +597,11 @@ part_mpi() {
 	local sched
 	sched=$(env | grep -oE '^(SLURM|PBS|SGE|LSB)_[A-Z_]+' | sort | tr '\n' ' ')
 	[ -z "$sched" ] || log "mpi: a batch system's variables, not asked: $sched"
+	# Each node shows its rank its own GPU as device 0 (CUDA_VISIBLE_DEVICES, here and in rshd's
+	# environment): device 1 on node B was CUDA_ERROR_INVALID_DEVICE on two H200s.
 	CUDA_VISIBLE_DEVICES=0 "$NETBED" exec "$BED" n0 -- setsid mpirun --allow-run-as-root --display-allocation --display-map --mca ras ^slurm,gridengine,tm,lsf --mca plm rsh --mca plm_rsh_agent "$agent" --mca btl tcp,self \
 		--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 --mca shmem mmap \
-		-np 1 -H "${ADDR[0]}" "$app" "$log" 100000 20 0 : -np 1 -H "${ADDR[1]}" "$app" "$log" 100000 20 1 \
+		-np 1 -H "${ADDR[0]}" "$app" "$log" 100000 20 0 : -np 1 -H "${ADDR[1]}" "$app" "$log" 100000 20 0 \
 		</dev/null >"$OUT/mpirun.log" 2>&1 &
 	MPIRUN=$!
 	unset LD_LIBRARY_PATH OPAL_PREFIX PMIX_PREFIX PMIX_LIBDIR PMIX_PKGLIBDIR PMIX_DATADIR PMIX_PKGDATADIR
