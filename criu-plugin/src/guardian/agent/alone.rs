@@ -1,11 +1,10 @@
 //! When CRIU is gone before the plugin's `exit` settled everything: what the guardian does alone,
 //! and the lines it leaves in syslog and the image directory.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{Agent, Phase, MAX_ALONE};
+use super::vendor::Moment;
+use super::{Agent, Phase};
 
 /// How long the tasks of a successful dump may take to start dying once CRIU is gone, before
 /// the guardian takes them for resumed (a failed post-dump script).
@@ -23,30 +22,15 @@ impl Agent {
             self.restore_gone();
             return;
         }
-        match self.phase {
-            Phase::RolledBack if self.settled.load(Ordering::SeqCst) => {}
-            Phase::RolledBack => {
-                // The rollback the plugin asked for is already queued: see it through.
-                self.finish_alone("after the dump failed or the tasks were to keep running");
-            }
-            Phase::Committed => {
-                // CRIU's SIGKILLs may not have been acted on yet: a moment's grace.
-                let when = "after a dump CRIU called successful, the dumped processes were left \
-                            running (a failed post-dump script makes CRIU resume them)";
-                if self.left_alive_after_commit() {
-                    if self.cuda_alive() {
-                        self.finish_alone(when);
-                    }
-                    self.unpause_kfds(when);
-                }
-            }
-            _ => {
-                if self.tracked.values().any(|t| t.touched) {
-                    self.finish_alone("in the middle of a dump");
-                }
-                self.unpause_kfds("in the middle of a dump");
-            }
-        }
+        let moment = match self.phase {
+            Phase::RolledBack if self.vendors.iter().all(|v| v.settled()) => return,
+            Phase::RolledBack => Moment::RollingBack,
+            // CRIU's SIGKILLs may not have been acted on yet: a moment's grace.
+            Phase::Committed if !self.left_alive_after_commit() => return,
+            Phase::Committed => Moment::Committed,
+            Phase::Working | Phase::Restored => Moment::Midway,
+        };
+        self.finish_alone(moment);
     }
 
     /// Whether a dumped process is still alive once CRIU, which was to kill them all after a
@@ -54,22 +38,12 @@ impl Agent {
     fn left_alive_after_commit(&self) -> bool {
         let grace = Instant::now() + COMMIT_GRACE;
         loop {
-            let alive = self.cuda_alive()
-                || self
-                    .kfds
-                    .iter()
-                    .any(|(p, k)| self.machine.alive(*p, k.starttime));
+            let alive = self.vendors.iter().any(|v| v.alive());
             if !alive || Instant::now() > grace {
                 return alive;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-    }
-
-    fn cuda_alive(&self) -> bool {
-        self.tracked
-            .iter()
-            .any(|(p, t)| self.machine.alive(*p, t.starttime))
     }
 
     /// A restore's CRIU ended.
@@ -150,71 +124,32 @@ impl Agent {
         }
     }
 
-    /// Rolls every process back without CRIU, and records what happened.
-    pub(super) fn finish_alone(&mut self, when: &str) {
-        let criu = self.criu_pid;
+    /// Puts back alone, at `moment`, what CRIU left and every vendor that has something to
+    /// undo then holds; whether any had.
+    pub(super) fn finish_alone(&mut self, moment: Moment) -> bool {
+        let undoing: Vec<usize> = (0..self.vendors.len())
+            .filter(|i| self.vendors[*i].undoes_at(moment))
+            .collect();
+        if undoing.is_empty() {
+            return false;
+        }
         // The job's processes go on: their sockets must leave repair mode, and the network
         // CRIU locked for them must pass again.
-        let tracked: Vec<i32> = self.tracked.keys().copied().collect();
-        if let Some(line) = self.machine.leftovers().release_repair(&tracked) {
+        let watched: Vec<i32> = self.vendors.iter().flat_map(|v| v.pids()).collect();
+        if let Some(line) = self.machine.leftovers().release_repair(&watched) {
             self.out.log(Level::Warn, line);
         }
         if let Some(line) = self.machine.leftovers().unlock_network(false) {
             self.out.log(Level::Warn, line);
         }
-        self.out.log(
-            Level::Error,
-            format!(
-                "CRIU (pid {criu}) ended {when}; returning the CUDA processes {} to their state \
-                 before the dump",
-                pids(tracked.iter().copied())
-            ),
-        );
-        // Already queued rollbacks report to the plugin's (closed) link; queue fresh ones so
-        // their outcomes come here. A second rollback of a process already back does nothing.
-        for t in self.tracked.values_mut() {
-            t.rolled_back = false;
+        for i in undoing {
+            self.vendors[i].undo(moment);
         }
-        let rx = self.roll_back_all();
-        let started = Instant::now();
-        let mut left: BTreeMap<i32, String> = self
-            .tracked
-            .iter()
-            .map(|(p, t)| (*p, t.comm.clone()))
-            .collect();
-        while !left.is_empty() {
-            match rx.recv_timeout(Duration::from_secs(30)) {
-                Ok(o) => {
-                    left.remove(&o.pid);
-                    self.out.log(o.level(), o.line());
-                }
-                Err(_) if started.elapsed() > MAX_ALONE => {
-                    self.out.log(
-                        Level::Error,
-                        format!(
-                            "giving up after {} s: processes {:?} still have a GPU action in \
-                             flight (stopped, or the GPU hangs); once they can run: \
-                             `cuda-checkpoint-ctl --recover --pid PID`",
-                            MAX_ALONE.as_secs(),
-                            left
-                        ),
-                    );
-                    return;
-                }
-                Err(_) => self.out.log(
-                    Level::Warn,
-                    format!(
-                        "still waiting for a GPU action in flight on {:?} (a process that cannot \
-                         run, or a GPU that does not answer)",
-                        left
-                    ),
-                ),
-            }
-        }
+        true
     }
 }
 
-fn pids(list: impl IntoIterator<Item = i32>) -> String {
+pub(super) fn pids(list: impl IntoIterator<Item = i32>) -> String {
     list.into_iter()
         .map(|p| p.to_string())
         .collect::<Vec<_>>()

@@ -10,23 +10,37 @@
 //! ([`KfdQueues::unpause`](crate::guardian::machine::KfdQueues::unpause)): harmless on queues
 //! that are not paused (the kernel answers EINVAL), and skipped for a process that has exited.
 
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 
-use super::Agent;
+use super::vendor::{Ctx, Moment, VendorUndo};
 use crate::guardian::machine::Unpaused;
-use crate::guardian::proto::Level;
+use crate::guardian::proto::{Level, Order};
 
 /// A KFD file the guardian holds for the dump.
-pub(super) struct KfdHold {
+struct KfdHold {
     file: OwnedFd,
-    pub(super) starttime: u64,
+    starttime: u64,
     comm: String,
 }
 
-impl Agent {
-    pub(super) fn hold_kfd(&mut self, pid: i32, starttime: u64, comm: String, files: Vec<OwnedFd>) {
+/// The KFD files of processes whose GPU queues the dump pauses.
+pub(super) struct KfdUndo {
+    ctx: Ctx,
+    kfds: BTreeMap<i32, KfdHold>,
+}
+
+impl KfdUndo {
+    pub(super) fn new(ctx: Ctx) -> KfdUndo {
+        KfdUndo {
+            ctx,
+            kfds: BTreeMap::new(),
+        }
+    }
+
+    fn hold(&mut self, pid: i32, starttime: u64, comm: String, files: Vec<OwnedFd>) {
         let Some(file) = files.into_iter().next() else {
-            self.out.log(
+            self.ctx.out.log(
                 Level::Error,
                 format!(
                     "the KFD file of process {pid} ({comm}) did not come with the plugin's \
@@ -45,12 +59,8 @@ impl Agent {
         );
     }
 
-    pub(super) fn release_kfd(&mut self, pid: i32) {
-        self.kfds.remove(&pid);
-    }
-
     /// Restarts the GPU queues of every process whose KFD file is still held (CRIU is gone).
-    pub(super) fn unpause_kfds(&mut self, when: &str) {
+    fn unpause_all(&mut self, when: &str) {
         let held = std::mem::take(&mut self.kfds);
         if held.is_empty() {
             return;
@@ -59,26 +69,71 @@ impl Agent {
             .iter()
             .map(|(pid, k)| format!("{pid} ({})", k.comm))
             .collect();
-        self.out.log(
+        self.ctx.out.log(
             Level::Error,
             format!(
                 "CRIU (pid {}) ended {when}; restarting the GPU queues of the ROCm processes {}, \
                  which the dump paused",
-                self.criu_pid,
+                self.ctx.criu_pid,
                 names.join(", ")
             ),
         );
+        let machine = &self.ctx.machine;
         for (pid, k) in held {
-            let result = match self.machine.alive(pid, k.starttime) {
+            let result = match machine.alive(pid, k.starttime) {
                 false => Ok(Unpaused::Gone),
-                true => self
-                    .machine
-                    .amd()
-                    .and_then(|q| q.unpause(pid, k.file.as_fd())),
+                true => machine.amd().and_then(|q| q.unpause(pid, k.file.as_fd())),
             };
             let (level, line) = line(pid, &k.comm, &result);
-            self.out.log(level, line);
+            self.ctx.out.log(level, line);
         }
+    }
+}
+
+impl VendorUndo for KfdUndo {
+    fn take(&mut self, order: Order, files: Vec<OwnedFd>) -> Option<(Order, Vec<OwnedFd>)> {
+        match order {
+            Order::HoldKfd {
+                pid,
+                starttime,
+                comm,
+            } => self.hold(pid, starttime, comm, files),
+            Order::ReleaseKfd { pid } => {
+                self.kfds.remove(&pid);
+            }
+            other => return Some((other, files)),
+        }
+        None
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        self.kfds.keys().copied().collect()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.kfds.is_empty()
+    }
+
+    fn alive(&self) -> bool {
+        self.kfds
+            .iter()
+            .any(|(p, k)| self.ctx.machine.alive(*p, k.starttime))
+    }
+
+    fn settled(&self) -> bool {
+        self.kfds.is_empty()
+    }
+
+    fn undoes_at(&self, moment: Moment) -> bool {
+        match moment {
+            // amdkfd takes UNPAUSE only from the process or its tracer, which CRIU still is.
+            Moment::Bye => false,
+            Moment::RollingBack | Moment::Committed | Moment::Midway => !self.kfds.is_empty(),
+        }
+    }
+
+    fn undo(&mut self, moment: Moment) {
+        self.unpause_all(moment.when());
     }
 }
 

@@ -2,9 +2,10 @@
 //! each process was before the dump, and watches CRIU. If CRIU goes away before the plugin's
 //! `exit` has finished, the guardian finishes the job alone: it brings every process it touched
 //! back to its state before the dump, or kills a half-restored tree, and says so in syslog and in
-//! `gpu-guardian.log` (in the image directory on dump, CRIU's work directory on restore). For a
-//! ROCm dump it holds the KFD file of each
-//! process whose GPU queues the dump pauses, and restarts them if CRIU goes first ([`kfd`]).
+//! `gpu-guardian.log` (in the image directory on dump, CRIU's work directory on restore). What
+//! each GPU vendor's dump changes is put back through one interface ([`vendor`]): the CUDA
+//! processes' locks and checkpoints ([`cuda`]), the paused GPU queues of ROCm processes
+//! ([`kfd`]); CRIU's own leftovers are the vendors' common part ([`alone`]).
 //!
 //! Calls on one process run one after another on a worker thread of their own (the driver
 //! serialises them anyway, and a rollback must come after a call still in flight); calls on
@@ -12,10 +13,8 @@
 //! may still land (measured: docs/driver-facts.md), so the guardian waits for each of its own
 //! calls to return before it decides what is left to undo.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,13 +24,14 @@ use criu_gpu_image::restorable;
 use rustix::event::{poll, PollFd, PollFlags};
 
 mod alone;
+mod cuda;
 mod kfd;
+mod vendor;
 mod worker;
 
-use self::kfd::KfdHold;
-use self::worker::{no_driver, Job, Tracked, Worker};
+use self::vendor::{Ctx, Moment, VendorUndo};
 use super::machine::Machine;
-use super::proto::{self, Act, Level, Op, Order, Outcome, Report, Watch};
+use super::proto::{self, Level, Order, Report, Watch};
 
 /// Threads hashing image files during a restore.
 const VERIFY_THREADS: usize = 4;
@@ -126,17 +126,14 @@ pub struct Agent {
     /// Readable once CRIU is gone (a pidfd, or a pipe in tests).
     criu: OwnedFd,
     criu_pid: i32,
-    tracked: BTreeMap<i32, Tracked>,
-    /// AMD: the KFD files of processes whose GPU queues the dump pauses.
-    kfds: BTreeMap<i32, KfdHold>,
+    /// What each GPU vendor's dump changed, to put back if CRIU ends first.
+    vendors: Vec<Box<dyn VendorUndo>>,
     phase: Phase,
     /// Restore: the restored tree as RESUME_DEVICES_LATE found it.
     tree: BTreeSet<i32>,
     /// Restore: the pids (in their own namespace) the image's processes will have.
     expected: Vec<i32>,
     bye: bool,
-    /// The rollback the plugin asked for has reported every process.
-    settled: Arc<AtomicBool>,
     thp: Option<ThpHold>,
 }
 
@@ -152,6 +149,11 @@ impl Agent {
             link: Mutex::new(Some(link.try_clone()?)),
             machine: machine.clone(),
         });
+        let vendors = vendor::all(&Ctx {
+            machine: machine.clone(),
+            out: out.clone(),
+            criu_pid,
+        });
         Ok(Agent {
             watch,
             machine,
@@ -159,13 +161,11 @@ impl Agent {
             link,
             criu,
             criu_pid,
-            tracked: BTreeMap::new(),
-            kfds: BTreeMap::new(),
+            vendors,
             phase: Phase::Working,
             tree: BTreeSet::new(),
             expected: Vec::new(),
             bye: false,
-            settled: Arc::new(AtomicBool::new(false)),
             thp: None,
         })
     }
@@ -210,9 +210,8 @@ impl Agent {
                     bye_at = Some(Instant::now());
                     if !self.watch.restore()
                         && self.phase == Phase::Working
-                        && self.tracked.values().any(|t| t.touched)
+                        && self.finish_alone(Moment::Bye)
                     {
-                        self.finish_alone("without settling the processes it paused");
                         return;
                     }
                 }
@@ -280,43 +279,22 @@ impl Agent {
 
     /// Whether nothing is left for the guardian to see through.
     fn done(&self) -> bool {
+        let mut vendors = self.vendors.iter();
         match self.phase {
-            Phase::RolledBack => self.settled.load(Ordering::SeqCst) && self.kfds.is_empty(),
+            Phase::RolledBack => vendors.all(|v| v.settled()),
             Phase::Restored => true,
-            Phase::Committed => {
-                self.tracked
-                    .iter()
-                    .all(|(pid, t)| !self.machine.alive(*pid, t.starttime))
-                    && self
-                        .kfds
-                        .iter()
-                        .all(|(pid, k)| !self.machine.alive(*pid, k.starttime))
-            }
-            Phase::Working => {
-                self.watch.restore()
-                    || (!self.tracked.values().any(|t| t.touched) && self.kfds.is_empty())
-            }
+            Phase::Committed => !vendors.any(|v| v.alive()),
+            Phase::Working => self.watch.restore() || vendors.all(|v| v.is_empty()),
         }
     }
 
     /// Carries out one order of the plugin; `files` came with it.
     fn handle(&mut self, order: Order, files: Vec<OwnedFd>) {
         match order {
-            Order::Track {
-                pid,
-                starttime,
-                comm,
-            } => self.track(pid, starttime, comm),
-            Order::Act { seq, pid, act } => self.act(seq, pid, act),
-            Order::Inventory { seq } => {
-                let machine = self.machine.clone();
-                let out = self.out.clone();
-                std::thread::spawn(move || {
-                    let inventory = machine.cuda().and_then(|d| d.inventory());
-                    out.report(&Report::Inventory { seq, inventory });
-                });
+            Order::RollBack => {
+                self.phase = Phase::RolledBack;
+                self.hand_to_vendors(order, files);
             }
-            Order::RollBack => self.roll_back(),
             Order::Commit => self.phase = Phase::Committed,
             Order::Restoring { tree } => self.tree.extend(tree.iter().map(|(p, _)| *p)),
             Order::Expect { pids } => self.expected = pids,
@@ -327,82 +305,26 @@ impl Agent {
             }
             Order::LowerThp => self.thp = None,
             Order::Verify { seq, files } => self.verify(seq, files),
-            Order::HoldKfd {
-                pid,
-                starttime,
-                comm,
-            } => self.hold_kfd(pid, starttime, comm, files),
-            Order::ReleaseKfd { pid } => self.release_kfd(pid),
             Order::Bye => self.bye = true,
+            order => self.hand_to_vendors(order, files),
         }
     }
 
-    /// Starts a worker for process `pid`, which makes its driver calls in order.
-    fn track(&mut self, pid: i32, starttime: u64, comm: String) {
-        if self.tracked.contains_key(&pid) {
-            return;
-        }
-        let (tx, rx) = channel();
-        let w = Worker {
-            pid,
-            comm: comm.clone(),
-            starttime,
-            initial: None,
-            machine: self.machine.clone(),
-            out: self.out.clone(),
-        };
-        std::thread::spawn(move || w.run(rx));
-        self.tracked.insert(
-            pid,
-            Tracked {
-                comm,
-                starttime,
-                jobs: tx,
-                touched: false,
-                rolled_back: false,
-            },
-        );
-    }
-
-    /// Queues a driver call on process `pid`'s worker (refused for a process not tracked).
-    fn act(&mut self, seq: u64, pid: i32, act: Act) {
-        match self.tracked.get_mut(&pid) {
-            Some(t) => {
-                t.touched |= !matches!(act, Act::Probe | Act::State);
-                let _ = t.jobs.send(Job::Act { seq, act });
-            }
-            None => {
-                self.out.report(&Report::Done {
-                    seq,
-                    pid,
-                    result: Err(no_driver(
-                        Op::Probe,
-                        format!("process {pid} is not tracked"),
-                    )),
-                });
+    /// Hands a vendor's order to the vendor that takes it.
+    fn hand_to_vendors(&mut self, order: Order, files: Vec<OwnedFd>) {
+        let mut left = Some((order, files));
+        for v in &mut self.vendors {
+            match left.take() {
+                Some((order, files)) => left = v.take(order, files),
+                None => return,
             }
         }
-    }
-
-    /// Rolls every process back and reports the outcomes once all are in.
-    fn roll_back(&mut self) {
-        self.phase = Phase::RolledBack;
-        let waiting = self.roll_back_all();
-        let n = self.tracked.len();
-        let out = self.out.clone();
-        let settled = self.settled.clone();
-        std::thread::spawn(move || {
-            let outcomes: Vec<Outcome> = waiting.iter().take(n).collect();
-            if !out.report(&Report::Settled {
-                outcomes: outcomes.clone(),
-            }) {
-                // The plugin stopped waiting: the outcomes go to the record instead.
-                for o in &outcomes {
-                    out.log(o.level(), o.line());
-                }
-            }
-            settled.store(true, Ordering::SeqCst);
-        });
+        if let Some((order, _)) = left {
+            self.out.log(
+                Level::Warn,
+                format!("no GPU vendor takes the order {order:?}"),
+            );
+        }
     }
 
     /// Raises the node's huge page policy, held (and put back) by the guardian.
@@ -434,15 +356,5 @@ impl Agent {
             };
             out.report(&Report::Verified { seq, result });
         });
-    }
-
-    /// Queues a rollback behind whatever each process still has in flight.
-    fn roll_back_all(&mut self) -> Receiver<Outcome> {
-        let (tx, rx) = channel();
-        for t in self.tracked.values_mut().filter(|t| !t.rolled_back) {
-            t.rolled_back = true;
-            let _ = t.jobs.send(Job::RollBack { done: tx.clone() });
-        }
-        rx
     }
 }

@@ -8,7 +8,8 @@
 //!   the guardian raised for it ([`criu`]);
 //! - one part per GPU vendor, for what undoes that vendor's change: [`CudaDriver`] (locks and
 //!   checkpoints, undone through the driver; [`cuda`]) and [`KfdQueues`] (paused queues,
-//!   restarted through amdkfd; [`amd`]).
+//!   restarted through amdkfd; [`amd`]), each behind an accessor of [`Machine`] that has none by
+//!   default. The agent drives them through one interface per vendor (`agent::vendor`).
 //!
 //! [`Real`] puts the real parts together; tests put fakes of the parts they need.
 
@@ -50,7 +51,9 @@ pub trait Machine: Send + Sync + 'static {
         &NoLeftovers
     }
     /// NVIDIA: the CUDA driver, loaded in the guardian (never in CRIU), or why there is none.
-    fn cuda(&self) -> Result<&dyn CudaDriver, String>;
+    fn cuda(&self) -> Result<&dyn CudaDriver, String> {
+        Err("this guardian has no CUDA support".to_owned())
+    }
     /// AMD: amdkfd's queue control, or why there is none.
     fn amd(&self) -> Result<&dyn KfdQueues, String> {
         Err("this guardian has no AMD support".to_owned())
