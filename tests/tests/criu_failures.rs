@@ -178,6 +178,18 @@ fn settings_are_checked_where_they_matter() {
     let c = Criu::new(&sim);
     let app = sim.app("app", &["--mib", "8"]);
     let images = sim.dir.join("img");
+    // A bad dump setting: CRIU fails the dump at the plugin's `init`, before it seized anything,
+    // with the key named; the app runs on.
+    let bad = [("CRIU_GPU_DIGESTS", "maybe")];
+    let out = c.dump(&sim, app.pid, &images, &["--leave-running"], &bad);
+    assert!(!out.status.success(), "refused");
+    let log = criu::log(&images, "dump.log");
+    assert!(
+        log.contains("CRIU_GPU_DIGESTS=\"maybe\"") && log.contains("Failed in init"),
+        "{}",
+        criu::tail(&log, 20)
+    );
+    runs_with_its_data(&sim, &app);
     // A bad restore-only setting and a typo: the dump goes on, the typo is named.
     let env = [
         ("CRIU_GPU_DEVICE_MAP", "GPU-nope"),

@@ -87,7 +87,7 @@ impl Backend for Cuda {
             }
             Stage::Dump | Stage::PreDump => {
                 let spawn = self.spawn.clone();
-                let d = dump::Dump::start(host, stage, settings, (self.procs)(), spawn);
+                let d = dump::Dump::start(host, stage, settings, (self.procs)(), spawn)?;
                 Session::Dump(Box::new(d))
             }
         };

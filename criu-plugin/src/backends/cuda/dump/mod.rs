@@ -80,8 +80,9 @@ pub struct Dump {
 /// What the dump knows of its command and machine.
 struct Ctx {
     stage: Stage,
-    /// The settings a dump uses, read when it starts; a bad one refuses the dump before any
-    /// lock, once the tree turns out to hold CUDA processes ([`Ctx::settings`]).
+    /// The settings a dump uses, read when it starts; a bad one refuses the dump once the tree
+    /// turns out to hold CUDA processes ([`Ctx::settings`]): at `init`, before the guardian
+    /// starts, where CRIU names the tree; else at the first PAUSE_DEVICES, before any lock.
     settings: Result<DumpSettings, SettingsError>,
     procs: Box<dyn Procs>,
 }
@@ -145,17 +146,18 @@ impl Link {
 }
 
 impl Dump {
-    /// Called from `init`: when the tree holds CUDA processes, starts the guardian (loading the
-    /// driver takes a while, CRIU goes on meanwhile) and asks CRIU to seize without the freezer
-    /// (a frozen process cannot be locked). Trees without CUDA are left exactly as CRIU dumps
-    /// them.
+    /// Called from `init`: when the tree holds CUDA processes, checks the dump's settings (a bad
+    /// one fails `init`, and CRIU the dump, before anything starts), starts the guardian
+    /// (loading the driver takes a while, CRIU goes on meanwhile) and asks CRIU to seize
+    /// without the freezer (a frozen process cannot be locked). Trees without CUDA are left
+    /// exactly as CRIU dumps them.
     pub fn start(
         host: &dyn Host,
         stage: Stage,
         settings: &Settings,
         procs: Box<dyn Procs>,
         spawn: SpawnGuardian,
-    ) -> Dump {
+    ) -> Result<Dump, HookError> {
         let mut d = Dump {
             ctx: Ctx {
                 stage,
@@ -179,15 +181,17 @@ impl Dump {
             }
         }
         let Some(root) = host.dump_root() else {
-            return d;
+            return Ok(d);
         };
         let start = Instant::now();
         d.tree = d.ctx.procs.tree(root);
         stats::scanned(0, start.elapsed());
         let pids = d.tree.clone();
         if d.candidates(&pids).is_empty() {
-            return d;
+            return Ok(d);
         }
+        // Every setting the dump uses, before anything starts (as the restore's `init`).
+        d.ctx.settings()?;
         if stage == Stage::Dump && !host.use_interrupt_only_seizing() {
             tracing::warn!(
                 "this CRIU cannot seize without the freezer; CUDA processes in a frozen cgroup \
@@ -198,7 +202,7 @@ impl Dump {
             // Said again, with the processes, when the tree is paused.
             tracing::debug!("{e}");
         }
-        d
+        Ok(d)
     }
 
     /// The processes among `pids` that map the CUDA driver, with whether they map NCCL.
@@ -237,7 +241,8 @@ impl Dump {
                 };
                 let candidates = self.candidates(&pids);
                 if !candidates.is_empty() {
-                    // Every setting the dump uses, before anything is locked.
+                    // Every setting the dump uses, before anything is locked (checked at `init`
+                    // already where CRIU named the tree's root then).
                     self.ctx.settings()?;
                     // CRIU would fail on these after the GPU checkpoint: refused before any lock.
                     let support = host.ring_support();

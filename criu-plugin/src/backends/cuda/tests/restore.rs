@@ -333,17 +333,17 @@ fn overlap_off_or_a_criu_that_cannot_restores_every_page_first() {
 }
 
 /// A bad `CRIU_GPU_DIGESTS` (once ignored by the dump, fatal to the restore) is refused by both
-/// alike, before either locks or starts anything, naming the key and where it came from (the
-/// wording is pinned once, in criu-gpu-host's settings tests); a tree without CUDA processes does
-/// not read it.
+/// alike, before either locks or starts anything (the dump at `init`, before its guardian, as
+/// the restore), naming the key and where it came from (the wording is pinned once, in
+/// criu-gpu-host's settings tests); a tree without CUDA processes does not read it.
 #[test]
 fn a_bad_digests_setting_is_refused_by_dump_and_restore_alike_up_front() {
     let bad = |w: World| w.set("CRIU_GPU_DIGESTS", "maybe");
     let w = bad(World::new(&[(10, R), (11, R)], &[]));
-    let (mut c, r) = w.dump(Stage::Dump);
-    let dump = settings_refusal(&r[0]).clone();
+    let r = w.backend().init(&w.host, Stage::Dump, &Claims::default());
+    let dump = settings_refusal(&r).clone();
     assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R), "nothing locked");
-    c.exit(&w.host, Stage::Dump, false);
+    assert_eq!(w.guardians.spawned(), 0, "nothing started");
 
     let w = bad(restore_world(dumped(&[(10, R)]), &[(10, C)]));
     let r = w.backend().init(&w.host, Stage::Restore, &ours());
@@ -358,6 +358,15 @@ fn a_bad_digests_setting_is_refused_by_dump_and_restore_alike_up_front() {
         ),
         "{dump:?}"
     );
+
+    // A CRIU that names no root at `init`: refused at the first PAUSE_DEVICES, as early.
+    let mut w = bad(World::new(&[(10, R), (11, R)], &[]));
+    w.host.root = None;
+    let (mut c, r) = w.dump(Stage::Dump);
+    assert_eq!(settings_refusal(&r[0]), &dump);
+    assert_eq!((w.gpu.state(10), w.gpu.state(11)), (R, R), "nothing locked");
+    assert_eq!(w.guardians.spawned(), 0, "nothing started");
+    c.exit(&w.host, Stage::Dump, false);
 
     let mut w = bad(World::new(&[], &[5, 6]));
     w.host.root = Some(5);
