@@ -167,23 +167,11 @@ pub(super) fn say_files_recorded(dir: &Path) {
 /// processes, which are gone and restored together: the lock is taken back now, so that nothing
 /// of the dump stays in the node's firewall (the restore takes it again for its time).
 pub(super) fn release_network_lock(dir: &Path) {
-    let id = match criu_gpu_image::criu_image::dump_run_id(dir) {
-        Ok(Some(id)) => id,
-        _ => {
-            out::line("warning: no CRIU run id in the images: the network lock was not looked at");
-            return;
-        }
-    };
-    let table = criu_gpu_host::netlock::table(&id);
-    match criu_gpu_host::netlock::unlock(&id) {
-        Ok(criu_gpu_host::netlock::Unlocked::Removed) => out::line(format!(
-            "network: took back CRIU's lock of the job's connections ({table})"
-        )),
-        Ok(criu_gpu_host::netlock::Unlocked::NotLocked) => {}
-        Err(e) => out::line(format!(
-            "warning: CRIU's lock of the job's connections ({table}) could not be taken back: {e}; \
-             `nft delete table {table}` removes it"
-        )),
+    use criu_gpu_host::netlock::{release_dumped, Released};
+    match release_dumped(dir) {
+        r @ Released::Removed { .. } => out::line(format!("network: {r}")),
+        r if r.worth_saying() => out::line(format!("warning: {r}")),
+        _ => {}
     }
 }
 

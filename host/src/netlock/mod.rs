@@ -2,12 +2,14 @@
 //! container with one of its own) or TCP connections. Which methods this node can take and which
 //! one to use (here: one rule, used by `criu-gpu dump`, by `criu-gpu runtime-config`, the
 //! runtimes' settings files that `scripts/install.sh` writes through it, and by `criu-gpu
-//! doctor`), and taking a run's nftables lock back when CRIU cannot ([`nftables`]: the guardian
-//! and `criu-gpu dump`).
+//! doctor`), and taking a run's nftables lock back when CRIU cannot ([`nftables`]), with what
+//! the operator reads of it ([`release`]: the guardian and `criu-gpu dump`).
 
 mod nftables;
+mod release;
 
-pub use self::nftables::{is_locked, table, unlock, Unlocked};
+pub use self::nftables::{is_locked, table};
+pub use self::release::{release, release_dumped, Released};
 
 use std::path::Path;
 use std::process::Command;

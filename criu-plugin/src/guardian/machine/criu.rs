@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use criu_gpu_host::netlock::{self, Unlocked};
+use criu_gpu_host::netlock::{self, Released};
 use criu_gpu_host::thp::Thp;
 use process_facts::process;
 
@@ -27,24 +27,13 @@ pub struct CriuLeftovers {
 impl Leftovers for CriuLeftovers {
     fn unlock_network(&self, restore: bool) -> Option<String> {
         // A restore's lock is named by the run that dumped the image.
-        let id = if restore {
-            let dir = self.image_dir.as_ref()?;
-            criu_gpu_image::criu_image::dump_run_id(dir).ok()??
-        } else {
-            self.run_id.clone()?
+        let released = match restore {
+            true => netlock::release_dumped(self.image_dir.as_ref()?),
+            false => netlock::release(self.run_id.as_ref()?),
         };
-        let table = netlock::table(&id);
-        match netlock::unlock(&id) {
-            Ok(Unlocked::Removed) => Some(format!(
-                "took back CRIU's network lock (nftables table {table}): the job's connections \
-                 carry packets again"
-            )),
-            Ok(Unlocked::NotLocked) => None,
-            Err(e) => Some(format!(
-                "could not look at CRIU's network lock ({table}): {e}; if the network is \
-                 blocked, run `nft delete table {table}`"
-            )),
-        }
+        // A restore of images no CRIU run named has no lock to look for.
+        let said = released.worth_saying() && !matches!(released, Released::NoRun(_));
+        said.then(|| released.to_string())
     }
 
     fn release_repair(&self, tracked: &[i32]) -> Option<String> {
