@@ -57,7 +57,8 @@ shellcheck -x scripts/*.sh scripts/gpu/*.sh scripts/gpu/containers/*.sh scripts/
 # Settings travel down as values (docs/design.md, Layout): only the edges read the environment,
 # the ctl's command line and Settings::load (the plugin's init, a tool's command); layout.rs's
 # tests find CRIU's build tree.
-libs=(process-facts/src cuda-checkpoint-ctl/src amd-kfd/src gpu-image/src host/src criu-plugin/src snapshot-store/src)
+libs=(process-facts/src cuda-checkpoint-ctl/src amd-kfd/src gpu-image/src host/src criu-plugin/src snapshot-store/src
+	criu-gpu-node/src)
 if grep -rlE 'env::(var|vars|var_os)\b' "${libs[@]}" |
 	grep -vxE 'cuda-checkpoint-ctl/src/cli/.*|host/src/settings/mod.rs|criu-plugin/src/abi/layout.rs'; then
 	echo "test.sh: the files above read the environment in a library: read it at the edge and pass the value down" >&2

@@ -5,6 +5,7 @@
 //! or files). Exec plugins and auth providers (EKS, GKE, OIDC) are not run: for those, give a
 //! service account token with `--token-file`.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
@@ -30,26 +31,42 @@ fn config_err(source: &str, why: impl std::fmt::Display) -> NodeError {
     NodeError::Config(format!("{source}: {why}"))
 }
 
+/// What the command's environment says about the cluster, read at the edge (the `criu-gpu`
+/// command) and passed down: this library reads no environment itself.
+#[derive(Debug, Clone, Default)]
+pub struct KubeEnv {
+    /// `$KUBECONFIG`: a list of kubeconfig files; the first that exists is used.
+    pub kubeconfig: Option<OsString>,
+    /// `$KUBERNETES_SERVICE_HOST`: set inside a pod.
+    pub service_host: Option<String>,
+    /// `$KUBERNETES_SERVICE_PORT` (443 when unset).
+    pub service_port: Option<String>,
+    /// `$HOME`, for `~/.kube/config`.
+    pub home: Option<PathBuf>,
+    /// `$KUBELET_TOKEN`: the kubelet's bearer token when no `--token-file` is given.
+    pub kubelet_token: Option<String>,
+}
+
 /// Finds the cluster: `explicit`, else `$KUBECONFIG`, else the pod's service account, else
 /// `~/.kube/config`.
-pub fn load(explicit: Option<&Path>) -> Result<Cluster, NodeError> {
+pub fn load(explicit: Option<&Path>, env: &KubeEnv) -> Result<Cluster, NodeError> {
     if let Some(p) = explicit {
         return from_file(p);
     }
-    if let Some(list) = std::env::var_os("KUBECONFIG") {
-        if let Some(p) = std::env::split_paths(&list).find(|p| p.exists()) {
+    if let Some(list) = &env.kubeconfig {
+        if let Some(p) = std::env::split_paths(list).find(|p| p.exists()) {
             return from_file(&p);
         }
     }
-    if let (Ok(host), Ok(token)) = (
-        std::env::var("KUBERNETES_SERVICE_HOST"),
+    if let (Some(host), Ok(token)) = (
+        &env.service_host,
         std::fs::read_to_string(Path::new(SERVICE_ACCOUNT).join("token")),
     ) {
-        let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+        let port = env.service_port.as_deref().unwrap_or("443");
         let host = if host.contains(':') {
             format!("[{host}]")
         } else {
-            host
+            host.clone()
         };
         return Ok(Cluster {
             server: format!("https://{host}:{port}"),
@@ -61,10 +78,7 @@ pub fn load(explicit: Option<&Path>) -> Result<Cluster, NodeError> {
             source: "the pod's service account".into(),
         });
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let default = home.join(".kube/config");
+    let default = env.home.clone().unwrap_or_default().join(".kube/config");
     if default.exists() {
         return from_file(&default);
     }
@@ -286,6 +300,38 @@ users:
             .to_string();
         assert!(
             e.contains("exec plugin") && e.contains("--token-file"),
+            "{e}"
+        );
+    }
+
+    /// The environment comes in as values: `$KUBECONFIG`'s first existing file, else
+    /// `~/.kube/config` under the given home, else an error naming the ways to give one.
+    #[test]
+    fn the_environment_is_what_the_caller_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let listed = dir.path().join("listed");
+        std::fs::write(&listed, CONFIG.replace("10.0.0.1", "10.0.0.2")).unwrap();
+        std::fs::create_dir(dir.path().join(".kube")).unwrap();
+        std::fs::write(dir.path().join(".kube/config"), CONFIG).unwrap();
+        let missing = dir.path().join("missing");
+        let list = std::env::join_paths([&missing, &listed]).unwrap();
+        let env = KubeEnv {
+            kubeconfig: Some(list),
+            home: Some(dir.path().to_owned()),
+            ..KubeEnv::default()
+        };
+        assert_eq!(load(None, &env).unwrap().server, "https://10.0.0.2:6443");
+        let home_only = KubeEnv {
+            kubeconfig: None,
+            ..env
+        };
+        assert_eq!(
+            load(None, &home_only).unwrap().server,
+            "https://10.0.0.1:6443"
+        );
+        let e = load(None, &KubeEnv::default()).unwrap_err().to_string();
+        assert!(
+            e.contains("--kubeconfig") && e.contains("KUBECONFIG"),
             "{e}"
         );
     }

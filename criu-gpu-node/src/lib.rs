@@ -66,6 +66,8 @@ pub struct Access {
     pub kubeconfig: Option<PathBuf>,
     /// The checkpoint timeout per container.
     pub timeout: Duration,
+    /// What the command's environment says (`$KUBECONFIG`, `$KUBELET_TOKEN`, ...).
+    pub env: kubeconfig::KubeEnv,
 }
 
 fn read(path: &Path, what: &str) -> Result<Vec<u8>, NodeError> {
@@ -74,7 +76,7 @@ fn read(path: &Path, what: &str) -> Result<Vec<u8>, NodeError> {
 
 impl Access {
     pub fn api(&self) -> Result<Api, NodeError> {
-        let c = kubeconfig::load(self.kubeconfig.as_deref())?;
+        let c = kubeconfig::load(self.kubeconfig.as_deref(), &self.env)?;
         tracing::debug!("API server {} (credentials from {})", c.server, c.source);
         Ok(Api {
             ep: Endpoint::new(&c.server, &c.tls, c.token, Duration::from_secs(60))?,
@@ -93,14 +95,14 @@ impl Access {
             insecure: self.kubelet_insecure,
             client: None,
         };
-        let token = match (&self.kubelet_token_file, std::env::var("KUBELET_TOKEN")) {
+        let token = match (&self.kubelet_token_file, &self.env.kubelet_token) {
             (Some(f), _) => Some(
                 String::from_utf8_lossy(&read(f, "--token-file")?)
                     .trim()
                     .to_owned(),
             ),
-            (None, Ok(t)) if !t.is_empty() => Some(t),
-            _ => match kubeconfig::load(self.kubeconfig.as_deref()) {
+            (None, Some(t)) if !t.is_empty() => Some(t.clone()),
+            _ => match kubeconfig::load(self.kubeconfig.as_deref(), &self.env) {
                 Ok(c) => {
                     tls.client = c.tls.client;
                     c.token

@@ -12,8 +12,9 @@ use criu_gpu::archive::Checkpoint;
 use criu_gpu::cli::{Cli, Command, KubeArgs, NodeCommand, SelectArgs};
 use criu_gpu::error::Error;
 use criu_gpu::{cli, doctor, inspect, job, out, snapshots};
-use criu_gpu_host::settings::declared::{LIBCUDA, LIBNVML};
+use criu_gpu_host::settings::declared::{KUBECONFIG, KUBELET_TOKEN, LIBCUDA, LIBNVML};
 use criu_gpu_host::settings::Settings;
+use criu_gpu_node::kubeconfig::KubeEnv;
 use criu_gpu_node::{drain, http::Tls, oci, restore, Access, NodeError};
 use snapshot_store::Compression;
 
@@ -376,6 +377,20 @@ fn check(path: &Path, json: bool) -> Result<u8, Error> {
     Ok(code)
 }
 
+/// What the environment says about the cluster, read here at the edge and passed down: the
+/// declared settings (environment or settings file) and what Kubernetes and the login set.
+fn kube_env() -> KubeEnv {
+    let text = |key| std::env::var(key).ok();
+    let setting = |s| settings().get(s).ok().flatten();
+    KubeEnv {
+        kubeconfig: setting(&KUBECONFIG).map(Into::into),
+        service_host: text("KUBERNETES_SERVICE_HOST"),
+        service_port: text("KUBERNETES_SERVICE_PORT"),
+        home: std::env::var_os("HOME").map(PathBuf::from),
+        kubelet_token: setting(&KUBELET_TOKEN),
+    }
+}
+
 fn access(k: &KubeArgs) -> Access {
     Access {
         kubelet: k.kubelet.clone(),
@@ -384,6 +399,7 @@ fn access(k: &KubeArgs) -> Access {
         kubelet_insecure: k.insecure,
         kubeconfig: k.kubeconfig.clone(),
         timeout: Duration::from_secs(k.timeout),
+        env: kube_env(),
     }
 }
 
@@ -450,6 +466,7 @@ fn node_command(n: NodeCommand, json: bool) -> Result<u8, Error> {
         } => restore::restore(&restore::Options {
             access: Access {
                 kubeconfig,
+                env: kube_env(),
                 ..Access::default()
             },
             store,

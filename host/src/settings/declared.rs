@@ -100,6 +100,13 @@ declare! {
         default None, "none",
         "tests only: criu-gpu's writes into a snapshot store wait between their chunks and their \
          manifest while this file exists (FILE.held says one waits; at most 120 s)";
+    KUBECONFIG: Option<String> = "KUBECONFIG", parse::some_text,
+        default None, "the pod's service account, else ~/.kube/config",
+        "criu-gpu node: the API server's kubeconfig files when --kubeconfig is not given (a list \
+         like PATH: the first that exists)";
+    KUBELET_TOKEN: Option<String> = "KUBELET_TOKEN", parse::some_text,
+        default None, "the kubeconfig's credentials",
+        "criu-gpu node: the kubelet's bearer token when --token-file is not given";
     CONFIG: Option<String> = super::CONFIG_ENV, parse::some_text,
         default None, "/etc/criu/gpu-plugin.conf",
         "the settings file (read from the environment only)";
