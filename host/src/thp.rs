@@ -64,12 +64,14 @@ pub enum Want {
 
 impl std::str::FromStr for Want {
     type Err = String;
+    /// `auto`, `always`, or off as any switch is written off (`off`, `0`, `no`, `false`, in
+    /// any case: [`process_facts::units::switch`]).
     fn from_str(v: &str) -> Result<Want, String> {
-        match v {
+        match v.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(Want::Auto),
             "always" => Ok(Want::Always),
-            "off" | "0" => Ok(Want::Off),
-            _ => Err("auto, always or off".into()),
+            _ if process_facts::units::switch(v) == Some(false) => Ok(Want::Off),
+            _ => Err("auto, always or off (or 0, no, false)".into()),
         }
     }
 }
@@ -274,6 +276,20 @@ mod tests {
     /// The fake sysfs file takes the word written, as the kernel shows it afterwards.
     fn shown(thp: &Thp) -> String {
         std::fs::read_to_string(thp.sysfs.join("enabled")).unwrap()
+    }
+
+    /// `CRIU_GPU_THP` is off whenever the one boolean parser reads its value as off.
+    #[test]
+    fn off_is_any_switch_word_for_off() {
+        for off in ["off", "OFF", "0", "no", "False", " off "] {
+            assert_eq!(off.parse::<Want>(), Ok(Want::Off), "{off}");
+        }
+        assert_eq!("Auto".parse::<Want>(), Ok(Want::Auto));
+        assert_eq!("always".parse::<Want>(), Ok(Want::Always));
+        // An on word does not say which of auto and always.
+        for bad in ["on", "1", "yes", "never", ""] {
+            assert!(bad.parse::<Want>().is_err(), "{bad}");
+        }
     }
 
     #[test]

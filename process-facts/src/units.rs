@@ -1,4 +1,5 @@
-//! Sizes and rates as people read them: one way for every tool and log of the project.
+//! Sizes and rates as people read them, and switches as people write them: one way for every
+//! tool, setting and log of the project.
 
 use std::time::Duration;
 
@@ -34,6 +35,20 @@ pub fn bytes(n: u64) -> String {
 pub fn gbps(bytes: u64, took: Duration) -> String {
     let secs = took.as_secs_f64().max(1e-3);
     format!("{:.2} GB/s", bytes as f64 / 1e9 / secs)
+}
+
+/// What [`switch`] takes, for messages.
+pub const SWITCH_WORDS: &str = "1 or 0 (also yes or no, true or false, on or off, in any case)";
+
+/// A switch as people write it: `1`, `yes`, `true`, `on` or `0`, `no`, `false`, `off`, in any
+/// case (CRIU's amdgpu plugin writes `YES` and `NO`). The workspace's one boolean parser: the
+/// plugin's settings, `cuda-checkpoint-ctl --lock-rounds`, `CRIU_GPU_THP=off`.
+pub fn switch(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "yes" | "true" | "on" => Some(true),
+        "0" | "no" | "false" | "off" => Some(false),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

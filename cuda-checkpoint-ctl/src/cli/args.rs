@@ -99,9 +99,10 @@ pub struct Args {
     #[arg(short, long, value_name = "MS")]
     pub timeout: Option<u64>,
     /// A group is locked in rounds until one round locks every process at once: auto (NCCL
-    /// ranks, which wait for each other on the GPU), on (any group), off (one lock each).
-    #[arg(long, value_name = "WHEN", value_enum, default_value_t = RoundsArg::Auto)]
-    pub lock_rounds: RoundsArg,
+    /// ranks, which wait for each other on the GPU), on (any group), off (one lock each); on and
+    /// off as any switch is written (1 or 0, yes or no, true or false, in any case).
+    #[arg(long, value_name = "WHEN", default_value = "auto")]
+    pub lock_rounds: Rounds,
     /// Restore onto other GPUs: OLD_UUID=NEW_UUID[,...] (completed with this machine's GPUs),
     /// or 'auto'.
     #[arg(short, long, value_name = "MAP")]
@@ -129,24 +130,6 @@ pub struct Args {
     /// More log output (repeat for more).
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
-}
-
-/// `--lock-rounds`'s words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RoundsArg {
-    Auto,
-    On,
-    Off,
-}
-
-impl From<RoundsArg> for Rounds {
-    fn from(a: RoundsArg) -> Rounds {
-        match a {
-            RoundsArg::Auto => Rounds::Auto,
-            RoundsArg::On => Rounds::On,
-            RoundsArg::Off => Rounds::Off,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -200,5 +183,26 @@ mod tests {
         assert!(parse(&["--toggle", "--pid", "1", "--tree", "1"]).is_err());
         assert!(parse(&["--pid", "1"]).is_err());
         assert!(parse(&["--action", "explode", "--pid", "1"]).is_err());
+    }
+
+    /// `--lock-rounds` takes what `CRIU_GPU_LOCK_ROUNDS` takes: auto, or any switch's words.
+    #[test]
+    fn lock_rounds_takes_auto_and_the_words_of_every_switch() {
+        let rounds = |w| parse(&["--suspend", "--tree", "1", "--lock-rounds", w]);
+        for (words, want) in [
+            (&["auto", "AUTO"][..], Rounds::Auto),
+            (&["on", "1", "yes", "TRUE"][..], Rounds::On),
+            (&["off", "0", "no", "False", "OFF"][..], Rounds::Off),
+        ] {
+            for w in words {
+                assert_eq!(rounds(w).unwrap().lock_rounds, want, "{w}");
+            }
+        }
+        assert_eq!(
+            parse(&["--suspend", "--tree", "1"]).unwrap().lock_rounds,
+            Rounds::Auto
+        );
+        let e = rounds("sometimes").unwrap_err().to_string();
+        assert!(e.contains("auto, or 1 or 0"), "{e}");
     }
 }

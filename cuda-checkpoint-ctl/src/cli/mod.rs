@@ -116,7 +116,7 @@ fn dispatch(args: &Args) -> Result<i32, Error> {
         device_map: DeviceMap::default(),
         all_or_nothing: !args.no_rollback,
         wait: None,
-        rounds: args.lock_rounds.into(),
+        rounds: args.lock_rounds,
     };
     match target {
         Selector::Pid(pid) => single(args, &driver, pid, &goal, opts),

@@ -48,6 +48,23 @@ pub enum Rounds {
     Off,
 }
 
+impl std::str::FromStr for Rounds {
+    type Err = String;
+
+    /// `auto`, or a switch ([`process_facts::units::switch`]): on locks any group in rounds,
+    /// off locks once.
+    fn from_str(v: &str) -> Result<Rounds, String> {
+        if v.trim().eq_ignore_ascii_case("auto") {
+            return Ok(Rounds::Auto);
+        }
+        match process_facts::units::switch(v) {
+            Some(true) => Ok(Rounds::On),
+            Some(false) => Ok(Rounds::Off),
+            None => Err(format!("auto, or {}", process_facts::units::SWITCH_WORDS)),
+        }
+    }
+}
+
 impl Rounds {
     /// Whether `running` processes, `ranks` of them NCCL ranks, are locked in rounds.
     pub fn wanted(self, running: usize, ranks: usize) -> bool {

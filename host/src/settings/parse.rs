@@ -1,5 +1,6 @@
-//! How settings' values are read: one parser per kind of value, one boolean parser for every
-//! switch (the plugin's, CRIU's amdgpu plugin's `KFD_*_CHECK`, the lock rounds).
+//! How settings' values are read: one parser per kind of value, the workspace's one boolean
+//! parser ([`switch`], process-facts') for every switch (the plugin's, CRIU's amdgpu plugin's
+//! `KFD_*_CHECK`, the lock rounds, `CRIU_GPU_THP=off`).
 
 use std::time::Duration;
 
@@ -9,18 +10,8 @@ use cuda_checkpoint_ctl::placement::Request;
 
 use crate::thp::Want;
 
-/// What [`switch`] takes.
-const SWITCH_WORDS: &str = "1 or 0 (also yes or no, true or false, on or off, in any case)";
-
-/// A switch as people write it: `1`, `yes`, `true`, `on` or `0`, `no`, `false`, `off`, in any
-/// case (CRIU's amdgpu plugin writes `YES` and `NO`). The workspace's one boolean parser.
-pub fn switch(v: &str) -> Option<bool> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "yes" | "true" | "on" => Some(true),
-        "0" | "no" | "false" | "off" => Some(false),
-        _ => None,
-    }
-}
+pub use process_facts::units::switch;
+use process_facts::units::SWITCH_WORDS;
 
 pub(super) fn flag(v: &str) -> Result<bool, String> {
     switch(v).ok_or_else(|| format!("use {SWITCH_WORDS}"))
@@ -47,14 +38,7 @@ pub(super) fn thp(v: &str) -> Result<Want, String> {
 
 /// `auto`, or a switch: on locks any group in rounds, off locks once.
 pub(super) fn rounds(v: &str) -> Result<Rounds, String> {
-    if v.trim().eq_ignore_ascii_case("auto") {
-        return Ok(Rounds::Auto);
-    }
-    match switch(v) {
-        Some(true) => Ok(Rounds::On),
-        Some(false) => Ok(Rounds::Off),
-        None => Err(format!("auto, or {SWITCH_WORDS}")),
-    }
+    v.parse()
 }
 
 pub(super) fn fd_base(v: &str) -> Result<i32, String> {
