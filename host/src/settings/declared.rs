@@ -56,8 +56,8 @@ macro_rules! declare {
 declare! {
     LOCK_TIMEOUT: Option<Duration> = "CRIU_GPU_LOCK_TIMEOUT_MS", parse::some_millis,
         default None, "all of the seize time left",
-        "how long locking the CUDA processes may take, in one lock or in rounds (capped by criu \
-         --timeout)";
+        "how long locking the CUDA processes may take, in one lock or in rounds (capped by what is \
+         left of criu --timeout)";
     ACTION_TIMEOUT: Option<Duration> = "CRIU_GPU_ACTION_TIMEOUT_S", parse::some_seconds,
         default None, "60 s + 2 s per GiB of GPU memory (10 min when unknown)",
         "the longest a GPU checkpoint or restore of the tree may take";
@@ -66,9 +66,8 @@ declare! {
         "restore onto other GPUs: OLD=NEW[,...] or auto";
     ADDRESS_MAP: Option<AddressMap> = addrmap::SETTING, parse::address_map,
         default None, "nothing moves",
-        "restore on other addresses: OLD=NEW[,...]; both ends of every TCP socket are moved \
-         (needs CRIU's UPDATE_INETSK hook: the project's CRIU, patch 0012; set by criu-gpu \
-         restore --address-map or across nodes)";
+        "restore onto other IP addresses: OLD=NEW[,...]; every TCP socket's ends at an old address \
+         move to the new one";
     PARALLEL: bool = "CRIU_GPU_PARALLEL", parse::flag,
         default true, "1",
         "0: one process at a time instead of all at once";
@@ -77,24 +76,27 @@ declare! {
         "0: do not record or check digests of the image files";
     THP: Want = "CRIU_GPU_THP", parse::thp,
         default Want::Auto, "auto",
-        "auto: raise transparent huge pages from madvise to always for a GPU checkpoint; always; \
-         off";
+        "auto: transparent huge pages raised from madvise to always for the seconds of the GPU \
+         checkpoint and put back after; always: also from never; off (or 0, no, false)";
     OVERLAP: bool = "CRIU_GPU_OVERLAP", parse::flag,
         default true, "1",
-        "0: CRIU puts every page in place before the GPU restore instead of during it";
+        "0: CRIU puts every page in place before the GPU restore, instead of letting each \
+         process's checkpoint data arrive while the driver restores";
     NCCL_CHECK: bool = "CRIU_GPU_NCCL_CHECK", parse::flag,
         default true, "1",
-        "0: dump NCCL ranks of one node even if their transports cannot be restored";
+        "0: dump NCCL ranks of one node even if their transports (P2P, SHM, cuMem) cannot be \
+         restored";
     LOCK_ROUNDS: Rounds = "CRIU_GPU_LOCK_ROUNDS", parse::rounds,
         default Rounds::Auto, "auto",
-        "auto: lock NCCL ranks in rounds until all lock at once; 1: any group; 0: one lock";
+        "how a tree's processes are locked: auto locks NCCL ranks in rounds until all lock at \
+         once, 0 locks once (the old way), 1 locks any group in rounds (0 and 1 as any switch)";
     CLUSTER: Option<PathBuf> = criu_gpu_image::cluster::SETTING, parse::some_path,
         default None, "none: this node alone",
         "a job across machines (set by criu-gpu dump --nnodes): the unix socket of this node's \
          criu-gpu, which decides every lock round with the other nodes";
     MIGRATE: Option<PathBuf> = "CRIU_GPU_MIGRATE", parse::some_path,
         default None, "none: not a move",
-        "a job moved without a disk (set by criu-gpu dump --to, for criu-gpu as CRIU's action \
+        "a job moved without a disk (set by criu-gpu dump --to for criu-gpu as CRIU's action \
          script; the plugin does not read it): the unix socket of the sending criu-gpu";
     STORE_HOLD: Option<PathBuf> = "CRIU_GPU_STORE_HOLD", parse::some_path,
         default None, "none",
@@ -116,33 +118,34 @@ declare! {
     LIBNVML: Option<String> = cuda_checkpoint_ctl::inventory::LIBNVML_ENV, parse::some_text,
         default None, "libnvidia-ml.so.1",
         "the NVML library the guardian loads";
+    // A restore of ROCm processes: where its files go, and CRIU's amdgpu plugin's switches
+    // (docs/settings.md, AMD GPU matching).
     AMD_FD_BASE: i32 = "CRIU_GPU_AMD_FD_BASE", parse::fd_base,
         default 512, "512",
-        "restore of ROCm processes: the lowest fd number of the KFD and render-node files the \
+        "not a check: the lowest fd number of the KFD and render-node files the \
          plugin opens in a restored process, above the process's own";
     KFD_CAPABILITY_CHECK: bool = "KFD_CAPABILITY_CHECK", parse::flag,
         default true, "1",
-        "restore of ROCm processes (CRIU's amdgpu plugin's switch): 0 lets a GPU with other \
-         capability bits take a checkpoint's";
+        "the GPUs' capability flags; 0 lets a GPU with other capability bits take a checkpoint's";
     KFD_VRAM_SIZE_CHECK: bool = "KFD_VRAM_SIZE_CHECK", parse::flag,
         default true, "1",
-        "restore of ROCm processes: 0 lets a GPU with less VRAM take a checkpoint's";
+        "device memory size; 0 lets a GPU with less VRAM take a checkpoint's";
     KFD_NUM_GWS_CHECK: bool = "KFD_NUM_GWS_CHECK", parse::flag,
         default true, "1",
-        "restore of ROCm processes: 0 lets a GPU with fewer global wave syncs take a checkpoint's";
+        "the number of global wave syncs; 0 lets a GPU with fewer take a checkpoint's";
     KFD_CACHES_COUNT_CHECK: bool = "KFD_CACHES_COUNT_CHECK", parse::flag,
         default true, "1",
-        "restore of ROCm processes: 0 lets a GPU with fewer caches take a checkpoint's";
+        "the number of caches; 0 lets a GPU with fewer take a checkpoint's";
     KFD_FW_VER_CHECK: bool = "KFD_FW_VER_CHECK", parse::flag,
         default true, "1",
-        "restore of ROCm processes: 0 lets a GPU with older firmware take a checkpoint's";
+        "firmware version; 0 lets a GPU with older firmware take a checkpoint's";
     KFD_SDMA_FW_VER_CHECK: bool = "KFD_SDMA_FW_VER_CHECK", parse::flag,
         default true, "1",
-        "restore of ROCm processes: 0 lets a GPU with older SDMA firmware take a checkpoint's";
+        "SDMA firmware version; 0 lets a GPU with older SDMA firmware take a checkpoint's";
     KFD_NUMA_CHECK: bool = "KFD_NUMA_CHECK", parse::flag,
         default true, "1",
-        "restore of ROCm processes: 0 lets GPUs that shared a NUMA node at the dump be placed on \
-         different ones";
+        "NUMA placement: GPUs of one CPU node stay together; 0 lets GPUs that shared a NUMA node \
+         at the dump be placed on different ones";
     // The simulated KFD: test builds only, never the installed plugin's.
     #[cfg(feature = "simulation")]
     AMD_KFD_SIM_ROOT: Option<std::path::PathBuf> = amd_kfd::device::sim::ROOT_ENV, parse::some_path,
