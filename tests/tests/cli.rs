@@ -281,3 +281,23 @@ fn nccl_ranks_that_could_not_be_restored_are_not_suspended() {
     assert!(ok.advances(2), "{}", ok.tail());
     ok.assert_healthy();
 }
+
+/// The simulated driver reads its variables from the plugin's settings file (container runtimes
+/// start CRIU, and so the guardian that loads the driver, with an environment of their own): it
+/// finds in a file what the plugin's settings find there.
+#[test]
+fn the_simulated_driver_reads_the_settings_file_as_the_plugin_does() {
+    use criu_gpu_host::settings::{declared::LIBCUDA, Settings};
+    let key = LIBCUDA.key;
+    let files = [
+        String::new(),
+        "OTHER=1\n".into(),
+        format!("{key}=/a\n{key} = /b # why\n"),
+        format!("{key}=/a\n{key}=\n"),
+        format!("# {key}=/a\n"),
+    ];
+    for file in &files {
+        let plugin = Settings::from_sources(&[], file, "gpu-plugin.conf").get(&LIBCUDA);
+        assert_eq!(Ok(cuda_sim::config::in_file(file, key)), plugin, "{file:?}");
+    }
+}
