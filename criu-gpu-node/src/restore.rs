@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -18,7 +19,17 @@ use crate::{Access, NodeError, Outcome, Summary};
 
 /// Why this node cannot restore a checkpoint archive, if it cannot. The command line supplies
 /// it: it reads archives and loads the GPU drivers, which this crate does not.
-pub type ArchiveCheck = fn(&Path) -> Result<(), String>;
+#[derive(Clone)]
+pub struct ArchiveCheck(pub Arc<Check>);
+
+/// What an [`ArchiveCheck`] runs: the archive's path in, why not out.
+pub type Check = dyn Fn(&Path) -> Result<(), String> + Send + Sync;
+
+impl std::fmt::Debug for ArchiveCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ArchiveCheck")
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -311,8 +322,8 @@ fn checkpoint_image(
         );
         return Ok(reference);
     }
-    if let Some(check) = o.check {
-        check(&archive).map_err(|why| {
+    if let Some(check) = &o.check {
+        (check.0)(&archive).map_err(|why| {
             NodeError::Refused(format!("this node cannot restore {}: {why}", c.name))
         })?;
     }

@@ -6,6 +6,8 @@
 //! left as it is (and reported when the node cannot take it). `criu-gpu doctor` reads the method
 //! a runtime's CRIU will use and says whether the node can take it.
 
+pub mod command;
+
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;

@@ -14,6 +14,10 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use criu_gpu_host::settings::declared::{LIBCUDA, LIBNVML};
+use criu_gpu_host::settings::Settings;
+
+use crate::error::Error;
 use crate::out;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -96,4 +100,32 @@ pub fn print(findings: &[Finding]) {
         0 => format!("this node is ready ({warns} warning(s))"),
         n => format!("this node is NOT ready: {n} problem(s) to fix, {warns} warning(s)"),
     });
+}
+
+/// `criu-gpu doctor`: the libraries default to those the plugin would load (its `settings`);
+/// exit status 1 when a check failed.
+pub fn command(given: &Options, settings: &Settings, json: bool) -> Result<u8, Error> {
+    // By default, the libraries the plugin would load.
+    let named = |s| settings.get(s).ok().flatten();
+    let opts = &Options {
+        driver: given.driver.clone().or_else(|| named(&LIBCUDA)),
+        nvml: given.nvml.clone().or_else(|| named(&LIBNVML)),
+        image_dirs: given.image_dirs.clone(),
+    };
+    for (flag, v) in [("--driver", &opts.driver), ("--nvml", &opts.nvml)] {
+        if v.as_deref() == Some("") {
+            return Err(Error::Usage(format!(
+                "{flag} was given an empty path: name the library (e.g. {flag} /usr/lib/x86_64-linux-gnu/{}), or leave the option out to use the system's",
+                if flag == "--driver" { "libcuda.so.1" } else { "libnvidia-ml.so.1" }
+            )));
+        }
+    }
+    let findings = run(opts);
+    let ready = findings.iter().all(|f| f.status != Status::Fail);
+    if json {
+        out::json(&serde_json::json!({"ready": ready, "checks": findings}));
+    } else {
+        print(&findings);
+    }
+    Ok(if ready { 0 } else { 1 })
 }
