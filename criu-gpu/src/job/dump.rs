@@ -74,12 +74,7 @@ pub(super) fn dump_args(
     }
     // The job's files, recorded while it is frozen, for a restore after it went on (files.rs):
     // CRIU runs criu-gpu itself as its action script.
-    let me = std::env::current_exe().map_err(|source| JobError::Io {
-        what: "finding criu-gpu's own path for CRIU's action script".into(),
-        source,
-    })?;
-    args.push("--action-script".into());
-    args.push(me.display().to_string());
+    args.extend(action_script_args()?);
     args.extend(r.extra.iter().cloned());
     Ok(args)
 }

@@ -206,3 +206,13 @@ fn would_run(command: Vec<String>, plan: Plan) -> Outcome {
         restored_root: None,
     }
 }
+
+/// `--action-script` naming this criu-gpu, which CRIU then runs at each of its steps (the job's
+/// files recorded while it is frozen, the barriers of jobs across machines and moves).
+pub(super) fn action_script_args() -> Result<[String; 2], JobError> {
+    let me = std::env::current_exe().map_err(|source| JobError::Io {
+        what: "finding criu-gpu's own path for CRIU's action script".into(),
+        source,
+    })?;
+    Ok(["--action-script".into(), me.display().to_string()])
+}

@@ -147,12 +147,7 @@ fn restore_in(
     if !part.agents.is_empty() {
         args.push("--leave-stopped".into());
     }
-    let me = std::env::current_exe().map_err(|source| JobError::Io {
-        what: "finding criu-gpu's own path for CRIU's action script".into(),
-        source,
-    })?;
-    args.push("--action-script".into());
-    args.push(me.display().to_string());
+    args.extend(job::action_script_args()?);
     let command = job::full_command(criu, &args);
     if r.dry_run {
         return Ok(job::would_run(command, plan.clone()));
