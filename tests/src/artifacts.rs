@@ -83,13 +83,7 @@ pub fn fake_nccl(dir: &Path) -> PathBuf {
     let src = dir.join("fake-nccl.c");
     let lib = dir.join("libnccl.so.2");
     fs::write(&src, "void fake_nccl(void) {}\n").unwrap();
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(out.status.success(), "cc: {}", stderr(&out));
+    cc(&src, &lib, &["-shared", "-fPIC"]);
     lib
 }
 
@@ -124,12 +118,18 @@ int main(int argc, char **argv) {
 "#,
     )
     .unwrap();
-    let out = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&src)
+    cc(&src, &bin, &["-O2"]);
+    bin
+}
+
+/// `cc FLAGS -o OUT SRC` with the system's C compiler; the test fails with its words if it fails.
+pub fn cc(src: &Path, out: &Path, flags: &[&str]) {
+    let run = Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
         .output()
         .expect("run cc");
-    assert!(out.status.success(), "cc: {}", stderr(&out));
-    bin
+    assert!(run.status.success(), "cc: {}", stderr(&run));
 }

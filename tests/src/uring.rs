@@ -14,13 +14,7 @@ const DATA: &str = "data for the io_uring test\n";
 fn uring_app(dir: &Path) -> PathBuf {
     let bin = dir.join("uring-app");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../third_party/criu/tests/uring-app.c");
-    let out = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(out.status.success(), "cc: {}", stderr(&out));
+    crate::artifacts::cc(&src, &bin, &["-O2"]);
     bin
 }
 
