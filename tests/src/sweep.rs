@@ -341,11 +341,13 @@ pub fn was_killed(out: &Output) -> bool {
     !out.status.success() && text(out).contains("signal 9")
 }
 
-/// CRIU had begun to kill the dumped tasks (the dump's last step: the images are complete).
+/// CRIU had begun to end the dumped tasks (the dump's last step: the images are complete, and
+/// from its "Dumped tasks now die with criu" the kernel kills them if CRIU dies; patch 0010).
 pub fn dump_committed(images: &Path) -> bool {
-    log_of(images, "dump.log")
-        .lines()
-        .any(|l| l.contains("Unseizing") && l.ends_with("into 2"))
+    log_of(images, "dump.log").lines().any(|l| {
+        l.contains("Dumped tasks now die with criu")
+            || (l.contains("Unseizing") && l.ends_with("into 2"))
+    })
 }
 
 /// The instants to kill at: the `nth` of CRIU's own lines of the log that contain each stage's

@@ -54,6 +54,7 @@ const DUMP: &[&str] = &[
     "Running post-dump",
     "Unlock network",
     "time in the plugin",
+    "Dumped tasks now die with criu",
     "Unseizing",
 ];
 
