@@ -77,15 +77,16 @@ start_app() {
 	for p in "${pids[@]}"; do fds+=("$(own_fds "$p")"); done
 }
 
-# own_fds PID: how many descriptors PID holds, but parasite leftovers (leftovers below)
+# own_fds PID: what PID's descriptors are, but parasite leftovers (leftovers below) and its log,
+# which the app opens for each line it writes
 own_fds() {
-	find "/proc/$1/fd" -mindepth 1 -printf '%l\n' | grep -vc CRIUMFD
+	find "/proc/$1/fd" -mindepth 1 -printf '%l\n' | grep -v "CRIUMFD\|^$work/app/" | sort | paste -sd' '
 }
 
 # lives: every process is alive, holds as many descriptors as it did, has no error in its log,
 # and logs two more checks of its data.
 lives() {
-	local i p st n=() ok
+	local i p st now n=() ok
 	for i in "${!pids[@]}"; do
 		p=${pids[$i]}
 		st=$(awk '{ print $3 }' "/proc/$p/stat" 2>/dev/null) || st=
@@ -103,8 +104,9 @@ lives() {
 	if grep -h '^MISMATCH\|^ERROR' "$work"/app/*.log; then why="an error"; return 1; fi
 	[ $ok = 1 ] || { why="a process stopped"; return 1; }
 	for i in "${!pids[@]}"; do
-		if [ "$(own_fds "${pids[$i]}")" != "${fds[$i]}" ]; then
-			why="process ${pids[$i]} holds other descriptors"
+		now=$(own_fds "${pids[$i]}")
+		if [ "$now" != "${fds[$i]}" ]; then
+			why="process ${pids[$i]} holds other descriptors: [$now], where it held [${fds[$i]}]"
 			return 1
 		fi
 	done
