@@ -211,7 +211,17 @@ fn kill_dump(w: &mut Workload, at: &str, leave_running: bool, t: &mut Tally) {
             }
         }
         Err(_) if !leave_running && sweep::dump_committed(&images) => {
-            // Killed while it ended the dumped tree: the images are complete.
+            // Killed while it ended the dumped tree: the images are complete, and the kernel
+            // ends the rest of the tree with CRIU (patch 0010): none of it may run on.
+            if !wait_until(Duration::from_secs(10), || w.alive().is_empty()) {
+                let alive = w.alive();
+                lose(
+                    w,
+                    t,
+                    format!("dump killed at {at}: {alive:?} ran on while CRIU ended the tree"),
+                );
+                return;
+            }
             w.kill_all();
             if back_from_images(w, &images, at, t) {
                 t.restored += 1;
