@@ -47,11 +47,7 @@ W=/dev/shm/flat-out
 export PATH="$root/.carry/bin:$PATH"
 PLUG=$root/.carry/plugins
 JOB=$here/ddp-job.py
-# Never NVLink multicast on these machines.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
-SHM=(NCCL_P2P_DISABLE=1 NCCL_CUMEM_ENABLE=0)
-SOCKETS=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0)
 mkdir -p "$OUT" "$W"
 LOG_FILE=$OUT/flat-out.log
 # shellcheck source=scripts/gpu/lib.sh
@@ -105,7 +101,7 @@ start() {
 # (its io_uring rings are dumped by the project's CRIU, patch 0008) unless LIBUV=off.
 env_of() {
 	local nccl
-	if [ "$1" = spawn ]; then nccl="${SHM[*]}"; else nccl="${SOCKETS[*]}"; fi
+	if [ "$1" = spawn ]; then nccl="${NCCL_SHM[*]}"; else nccl="${NCCL_SOCKETS[*]}"; fi
 	if [ "$LIBUV" = off ]; then echo "$nccl USE_LIBUV=0"; else echo "$nccl"; fi
 }
 # LIBUV=off: torchrun's agent holds libuv's io_uring whatever its settings, so it starts with
@@ -348,7 +344,7 @@ part_four() {
 	local img=$W/img-four pids rc
 	log "== four ranks, two per GPU"
 	DIR=$W/four && rm -rf "$DIR" && mkdir -p "$DIR"
-	env "${SOCKETS[@]}" USE_LIBUV=0 setsid "$PYTHON" "$JOB" --spawn 4 --gpus 2 "$DIR" --steps 400 --sleep 0 --model "$MODEL" \
+	env "${NCCL_SOCKETS[@]}" USE_LIBUV=0 setsid "$PYTHON" "$JOB" --spawn 4 --gpus 2 "$DIR" --steps 400 --sleep 0 --model "$MODEL" \
 		--log-every 10 --ballast "$BALLAST" --port $((29600 + RANDOM % 300)) </dev/null >"$DIR/stdout" 2>&1 &
 	JOBPID=$!
 	if ! wait_step "$DIR" 100 90; then

@@ -28,10 +28,7 @@ JOB=$here/ddp-job.py
 STEPS=300
 RANKS=${RANKS:-2}
 RANK_IDS=$(seq 0 $((RANKS - 1)))
-# Never NVLink multicast on these machines.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
-SOCKETS=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0)
 rm -rf "$W" "$RES" && mkdir -p "$OUT" "$W" "$RES"
 LOG_FILE=$OUT/dist-test.log
 # shellcheck source=scripts/gpu/lib.sh
@@ -139,8 +136,8 @@ checkpoint() {
 
 part_spawn() {
 	log "== torch.multiprocessing: reference, then dumped and restored"
-	reference ref-spawn spawn "${SOCKETS[@]}" USE_LIBUV=0
-	checkpoint spawn ref-spawn spawn "${SOCKETS[@]}" USE_LIBUV=0
+	reference ref-spawn spawn "${NCCL_SOCKETS[@]}" USE_LIBUV=0
+	checkpoint spawn ref-spawn spawn "${NCCL_SOCKETS[@]}" USE_LIBUV=0
 }
 
 part_torchrun() {
@@ -148,8 +145,8 @@ part_torchrun() {
 	local was
 	was=$(cat /proc/sys/kernel/io_uring_disabled 2>/dev/null) || { fail "torchrun: no kernel.io_uring_disabled here"; return; }
 	echo 2 >/proc/sys/kernel/io_uring_disabled
-	reference ref-torchrun torchrun "${SOCKETS[@]}" USE_LIBUV=0
-	checkpoint torchrun ref-torchrun torchrun "${SOCKETS[@]}" USE_LIBUV=0
+	reference ref-torchrun torchrun "${NCCL_SOCKETS[@]}" USE_LIBUV=0
+	checkpoint torchrun ref-torchrun torchrun "${NCCL_SOCKETS[@]}" USE_LIBUV=0
 	echo "$was" >/proc/sys/kernel/io_uring_disabled
 }
 
@@ -158,8 +155,8 @@ part_swap() {
 	u0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | sed -n 1p)
 	u1=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | sed -n 2p)
 	log "== restored onto the two GPUs swapped ($u0 <-> $u1)"
-	[ -d "$W/ref-spawn" ] || reference ref-spawn spawn "${SOCKETS[@]}" USE_LIBUV=0
-	checkpoint swap ref-spawn spawn --device-map "$u0=$u1,$u1=$u0" "${SOCKETS[@]}" USE_LIBUV=0
+	[ -d "$W/ref-spawn" ] || reference ref-spawn spawn "${NCCL_SOCKETS[@]}" USE_LIBUV=0
+	checkpoint swap ref-spawn spawn --device-map "$u0=$u1,$u1=$u0" "${NCCL_SOCKETS[@]}" USE_LIBUV=0
 }
 
 # refused NAME ENV...: criu-gpu dump and plain criu dump are refused before any lock; the job runs on
@@ -189,7 +186,7 @@ part_refuse() {
 	log "== refused before anything is locked"
 	# One rank talks to no other: NCCL's defaults are no reason to refuse it.
 	[ "$RANKS" -ge 2 ] && refused refuse-nccl-defaults USE_LIBUV=0
-	refused refuse-io-uring "${SOCKETS[@]}"
+	refused refuse-io-uring "${NCCL_SOCKETS[@]}"
 }
 
 # driver NAME ENV...: what r580 does with a transport: suspend and resume both ranks (no CRIU)
@@ -216,7 +213,7 @@ part_facts() {
 
 part_kill() {
 	log "== CRIU SIGKILLed in the middle of the dump"
-	start kill spawn "${SOCKETS[@]}" USE_LIBUV=0
+	start kill spawn "${NCCL_SOCKETS[@]}" USE_LIBUV=0
 	wait_step "$DIR" 60 180 || { fail "kill: no step 60"; kill_job "$JOBPID"; return; }
 	criu-gpu dump "$JOBPID" "$W/img-kill" -- --lib "$PLUG" >"$RES/kill.out" 2>&1 &
 	local cg=$!

@@ -9,6 +9,16 @@ PASS=0
 FAIL=0
 APPS=()
 
+# NCCL on these machines. Never NVLink multicast (KINDS.md: it stays off); the transports a
+# checkpoint takes, as `env` arguments (P2P and cuMem are refused: docs/known-limits.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+NCCL_SHM=(NCCL_P2P_DISABLE=1 NCCL_CUMEM_ENABLE=0)
+NCCL_SOCKETS=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0)
+# sockets_over IFNAME: NCCL and gloo over IFNAME's sockets alone, for every job started after.
+sockets_over() {
+	export NCCL_SOCKET_IFNAME=$1 GLOO_SOCKET_IFNAME=$1 NCCL_IB_DISABLE=1 "${NCCL_SOCKETS[@]}"
+}
+
 say() { if [ -n "${LOG_FILE:-}" ]; then printf '%s\n' "$*" | tee -a "$LOG_FILE"; else printf '%s\n' "$*"; fi; }
 log() { say "$(printf '[%(%T)T] ' -1)$*"; }
 pass() { PASS=$((PASS + 1)); log "PASS $*"; }

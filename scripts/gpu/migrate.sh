@@ -52,10 +52,8 @@ CRIU_GPU=$BIN/criu-gpu NETBED=$BIN/netbed CTL=$BIN/cuda-checkpoint-ctl
 BED=$W/bed NET=10.$((100 + $$ % 100)).0 PORT=7000
 ADDR=("$NET.1" "$NET.2")
 export PYTHONUNBUFFERED=1
-# Never NVLink multicast on these machines; NCCL and gloo over the loopback of the job's node.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export NCCL_SOCKET_IFNAME=lo GLOO_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_P2P_DISABLE=1 \
-	NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0
+# NCCL and gloo over the loopback of the job's node.
+sockets_over lo
 
 fix="PREFIX=<the project's CRIU> scripts/gpu/pack-carry.sh; PYTHON: a Python with torch"
 [ $sim = 1 ] && fix="cargo build --workspace; CRIU: the project's CRIU (scripts/install-criu.sh)"

@@ -80,10 +80,8 @@ ADDR=("$NET.1" "$NET.2") ETCD_ADDR=$NET.254 PORT=29500 SPARE=$NET.11
 # Where each node's criu-gpu runs (newaddr restores node A's part on the spare node m0).
 NODES=(n0 n1)
 export PYTHONUNBUFFERED=1
-# Never NVLink multicast on these machines; NCCL and gloo over the nodes' eth0, sockets only.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export NCCL_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0 NCCL_IB_DISABLE=1 NCCL_P2P_DISABLE=1 \
-	NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0
+# NCCL and gloo over the nodes' eth0, sockets only.
+sockets_over eth0
 
 fix="scripts/gpu/pack-carry.sh; PYTHON: a Python with torch"
 [ $sim = 1 ] && fix="cargo build --workspace; PYTHON: a Python with torch (CPU is enough)"

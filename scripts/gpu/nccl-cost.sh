@@ -13,7 +13,6 @@ root=$(cd "$here/../.." && pwd)
 OUT=${OUT:-/tmp/nccl-cost}
 W=/dev/shm/nccl-cost
 export PATH="$root/.carry/bin:$PATH"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 USE_LIBUV=0
 mkdir -p "$OUT" "$W"
 LOG_FILE=$OUT/nccl-cost.log
