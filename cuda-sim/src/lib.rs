@@ -22,6 +22,7 @@ pub mod proto;
 pub mod shm;
 pub mod target;
 pub mod trace;
+pub mod visible;
 
 /// What `cuSimIdentify` reports, so tools can say they are talking to the simulation.
 pub fn identity() -> String {

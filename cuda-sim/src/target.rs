@@ -14,6 +14,9 @@
 //! * `unlock` (locked only) lets CUDA calls run again.
 //! * Wrong state: `CUDA_ERROR_ILLEGAL_STATE` (F6). Every action runs on the helper thread, so a
 //!   stopped process cannot complete one (F2).
+//! * Device ordinals are the GPUs `CUDA_VISIBLE_DEVICES` shows, read once at `cuInit` (F21,
+//!   [`crate::visible`]); memory, the checkpoint's record of GPUs (F8) and restore maps are the
+//!   machine's GPUs, by UUID.
 
 mod gate;
 mod helper;
@@ -34,6 +37,7 @@ use crate::control::{MEMFD_FD_MIN, MEMFD_NAME};
 use crate::errors::code;
 use crate::proto::{self, DeviceDesc, Reply, Request, CHUNK};
 use crate::shm::{self, ControlPage, HostBuf};
+use crate::visible;
 
 /// First device address handed out; allocations are 2 MiB aligned, like the real driver's.
 const VA_BASE: u64 = 0x7e00_0000_0000;
@@ -54,7 +58,10 @@ pub struct Runtime {
     socket: String,
     gate: Gate,
     link: Mutex<Link>,
-    devices: Mutex<Vec<DeviceDesc>>,
+    /// Every GPU of the machine, as the daemon lists them (nvidia-smi's order).
+    gpus: Mutex<Vec<DeviceDesc>>,
+    /// The GPUs this process enumerates, by UUID: device ordinal N is the Nth (F21).
+    visible: Mutex<Vec<[u8; 16]>>,
     allocs: Mutex<BTreeMap<u64, Alloc>>,
     next_va: AtomicU64,
     /// The GPUs the driver saw at the last checkpoint: a restore map must name each (F8).
@@ -131,12 +138,22 @@ pub fn api<T>(f: impl FnOnce(&Runtime) -> CuResult<T>) -> CuResult<T> {
 
 impl Runtime {
     fn start() -> CuResult<Runtime> {
-        Runtime::start_on(&proto::socket_path())
+        Runtime::start_on(&proto::socket_path(), visible::from_env().as_deref())
     }
 
-    fn start_on(socket: &str) -> CuResult<Runtime> {
+    /// Connects to the daemon at `socket`, showing the GPUs `visible_spec` (the value of
+    /// `CUDA_VISIBLE_DEVICES`) names; none visible: CUDA_ERROR_NO_DEVICE, as without a GPU.
+    fn start_on(socket: &str, visible_spec: Option<&str>) -> CuResult<Runtime> {
         let socket = socket.to_owned();
-        let (stream, devices) = connect(&socket)?;
+        let (stream, gpus) = connect(&socket)?;
+        let uuids: Vec<[u8; 16]> = gpus.iter().map(|d| d.uuid).collect();
+        let visible: Vec<[u8; 16]> = visible::select(visible_spec, &uuids)
+            .into_iter()
+            .map(|i| uuids[i])
+            .collect();
+        if visible.is_empty() {
+            return Err(code::NO_DEVICE);
+        }
         let memfd = shm::control_memfd(MEMFD_NAME).map_err(|_| code::OPERATING_SYSTEM)?;
         let fd = rustix::io::fcntl_dupfd_cloexec(&memfd, MEMFD_FD_MIN)
             .map_err(|_| code::OPERATING_SYSTEM)?;
@@ -150,7 +167,8 @@ impl Runtime {
             socket,
             gate: Gate::default(),
             link: Mutex::new(Link::connected(stream)),
-            devices: Mutex::new(devices),
+            gpus: Mutex::new(gpus),
+            visible: Mutex::new(visible),
             allocs: Mutex::new(BTreeMap::new()),
             next_va: AtomicU64::new(VA_BASE),
             checkpoint_gpus: Mutex::new(Vec::new()),
@@ -165,15 +183,30 @@ impl Runtime {
         self.link.lock().unwrap()
     }
 
+    /// The GPUs this process enumerates, in ordinal order.
     pub fn devices(&self) -> Vec<DeviceDesc> {
-        self.devices.lock().unwrap().clone()
+        (0..).map_while(|o| self.device(o).ok()).collect()
     }
 
     pub fn device(&self, ordinal: u32) -> CuResult<DeviceDesc> {
-        self.devices()
+        self.gpu_of(ordinal).map(|(_, d)| d)
+    }
+
+    /// Device ordinal `ordinal`: its index among the machine's GPUs (what the daemon calls it),
+    /// and its description; CUDA_ERROR_INVALID_DEVICE for an ordinal the process does not see.
+    fn gpu_of(&self, ordinal: u32) -> CuResult<(u32, DeviceDesc)> {
+        let uuid = *self
+            .visible
+            .lock()
+            .unwrap()
             .get(ordinal as usize)
-            .cloned()
-            .ok_or(code::INVALID_DEVICE)
+            .ok_or(code::INVALID_DEVICE)?;
+        let gpus = self.gpus.lock().unwrap();
+        let index = gpus
+            .iter()
+            .position(|d| d.uuid == uuid)
+            .ok_or(code::INVALID_DEVICE)?;
+        Ok((index as u32, gpus[index].clone()))
     }
 
     pub fn set_current(&self, ordinal: Option<u32>) -> CuResult<()> {
@@ -194,8 +227,7 @@ impl Runtime {
         if size == 0 {
             return Err(code::INVALID_VALUE);
         }
-        let device = self.current()?;
-        let uuid = self.device(device)?.uuid;
+        let (device, DeviceDesc { uuid, .. }) = self.gpu_of(self.current()?)?;
         let span = size.div_ceil(VA_ALIGN) * VA_ALIGN;
         let dptr = self.next_va.fetch_add(span, Ordering::SeqCst);
         self.link().call(&Request::Alloc { device, dptr, size })?;
@@ -286,7 +318,7 @@ impl Runtime {
     }
 
     pub fn mem_info(&self) -> CuResult<(u64, u64)> {
-        let device = self.current()?;
+        let (device, _) = self.gpu_of(self.current()?)?;
         match self.link().call(&Request::MemInfo { device })? {
             Reply::MemInfo { free, total } => Ok((free, total)),
             _ => Err(code::UNKNOWN),

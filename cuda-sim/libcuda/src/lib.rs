@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use cuda_sim::control::Op;
 use cuda_sim::errors::{self, code};
-use cuda_sim::{controller, nvml, target};
+use cuda_sim::{controller, nvml, target, visible};
 
 type CUresult = c_uint;
 
@@ -365,7 +365,7 @@ pub extern "C" fn cuCheckpointProcessUnlock(pid: c_int, _args: *mut c_void) -> C
     ret(|| controller::act(pid, Op::Unlock, 0, Vec::new()))
 }
 
-// ---- NVML ----
+// ---- NVML: every GPU of the machine (NVML does not read CUDA_VISIBLE_DEVICES) ----
 
 type NvmlReturn = c_uint;
 
@@ -390,18 +390,6 @@ fn nvml_index(dev: *mut c_void) -> Result<u32, u32> {
         return Err(nvml::ret::INVALID_ARGUMENT);
     }
     Ok(dev as usize as u32 - 1)
-}
-
-fn uuid_text(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
 }
 
 #[no_mangle]
@@ -491,7 +479,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     nvml_ret(|| {
         let d = nvml::device(nvml_index(dev)?)?;
         // SAFETY: `uuid` holds `len` bytes, per nvml.h.
-        unsafe { nvml_str(uuid, len, &uuid_text(&d.uuid)) }
+        unsafe { nvml_str(uuid, len, &visible::uuid_text(&d.uuid)) }
     })
 }
 

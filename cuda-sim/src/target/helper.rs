@@ -41,6 +41,18 @@ pub fn check_pairs(
     }
 }
 
+/// Where a restore map sends each of `gpus` (a GPU it does not name stays).
+fn moved(gpus: &[[u8; 16]], pairs: &[Pair]) -> Vec<[u8; 16]> {
+    gpus.iter()
+        .map(|u| {
+            pairs
+                .iter()
+                .find(|(old, _)| old == u)
+                .map_or(*u, |(_, new)| *new)
+        })
+        .collect()
+}
+
 impl Runtime {
     pub(super) fn block(&self) -> &ControlBlock {
         self.ctl.block()
@@ -160,7 +172,8 @@ impl Runtime {
             return Err(e);
         }
         // F8: the driver remembers every GPU it saw, not only those the process used.
-        *self.checkpoint_gpus.lock().unwrap() = self.devices().iter().map(|d| d.uuid).collect();
+        *self.checkpoint_gpus.lock().unwrap() =
+            self.gpus.lock().unwrap().iter().map(|d| d.uuid).collect();
         // Let go of the device: the daemon frees the device memory.
         *link = Link::default();
         SOCKET_FD.store(-1, Ordering::SeqCst);
@@ -176,18 +189,20 @@ impl Runtime {
         }
         let mut current = self.link();
         let (stream, devices) = connect(&self.socket)?;
+        let present: Vec<[u8; 16]> = devices.iter().map(|d| d.uuid).collect();
         if !pairs.is_empty() {
-            let present: Vec<[u8; 16]> = devices.iter().map(|d| d.uuid).collect();
             check_pairs(&self.checkpoint_gpus.lock().unwrap(), &present, pairs)?;
+        }
+        let visible = moved(&self.visible.lock().unwrap(), pairs);
+        // Unmeasured: a GPU the process saw that is not here refuses the restore (stricter).
+        if !visible.iter().all(|u| present.contains(u)) {
+            return Err(code::INVALID_DEVICE);
         }
         let mut link = Link::connected(stream);
         let mut allocs = self.allocs.lock().unwrap();
         let mut placed = Vec::new();
         for (&dptr, a) in allocs.iter() {
-            let uuid = pairs
-                .iter()
-                .find(|(old, _)| *old == a.uuid)
-                .map_or(a.uuid, |(_, new)| *new);
+            let uuid = moved(&[a.uuid], pairs)[0];
             let device = devices
                 .iter()
                 .position(|d| d.uuid == uuid)
@@ -214,7 +229,8 @@ impl Runtime {
             a.uuid = uuid;
             a.host = None;
         }
-        *self.devices.lock().unwrap() = devices;
+        *self.gpus.lock().unwrap() = devices;
+        *self.visible.lock().unwrap() = visible;
         SOCKET_FD.store(
             link.stream.as_ref().map_or(-1, |s| s.as_raw_fd()),
             Ordering::SeqCst,

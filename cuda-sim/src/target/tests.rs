@@ -45,7 +45,7 @@ fn machine(n: u32, mib: u64) -> (String, Vec<[u8; 16]>) {
 
 /// A CUDA "process" holding `mib` MiB of patterned data on GPU `device`.
 fn process(socket: &str, device: u32, mib: usize) -> (Runtime, u64) {
-    let rt = Runtime::start_on(socket).unwrap();
+    let rt = Runtime::start_on(socket, None).unwrap();
     rt.set_current(Some(device)).unwrap();
     let dptr = rt.mem_alloc((mib << 20) as u64).unwrap();
     let data: Vec<u8> = (0..mib << 20).map(|i| (i % 251) as u8).collect();
@@ -191,6 +191,60 @@ fn f8_restore_maps_name_every_gpu_seen_at_checkpoint() {
     wait_used(&socket, 0, 0);
     assert_eq!(used(&socket, 1), 4 << 20);
     assert!(data_intact(&rt, dptr, 4));
+}
+
+/// F21: under CUDA_VISIBLE_DEVICES=1 the machine's GPU 1 is ordinal 0 and ordinal 1 is
+/// CUDA_ERROR_INVALID_DEVICE; the memory lives on GPU 1, the checkpoint records both GPUs (F8),
+/// and a restore map moves ordinal 0 with the memory.
+#[test]
+fn f21_visible_devices_renumber_the_machines_gpus() {
+    let (socket, g) = machine(2, 64);
+    let rt = Runtime::start_on(&socket, Some("1")).unwrap();
+    assert_eq!(rt.devices().len(), 1);
+    assert_eq!(rt.device(0).unwrap().uuid, g[1]);
+    assert_eq!(rt.device(1).err(), Some(code::INVALID_DEVICE));
+    assert_eq!(rt.set_current(Some(1)), Err(code::INVALID_DEVICE));
+    rt.set_current(Some(0)).unwrap();
+    let dptr = rt.mem_alloc(4 << 20).unwrap();
+    let data: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
+    rt.htod(dptr, &data).unwrap();
+    assert_eq!((used(&socket, 0), used(&socket, 1)), (0, 4 << 20));
+
+    suspend(&rt);
+    assert_eq!(
+        rt.perform(&restore_to(vec![(g[1], g[1])])),
+        code::INVALID_VALUE,
+        "F8: the map names every GPU of the machine, not only the visible one"
+    );
+    assert_eq!(rt.perform(&req(Op::Restore)), code::SUCCESS);
+    assert_eq!(used(&socket, 1), 4 << 20);
+    assert_eq!(rt.perform(&req(Op::Checkpoint)), code::SUCCESS);
+    let swap = vec![(g[0], g[1]), (g[1], g[0])];
+    assert_eq!(rt.perform(&restore_to(swap)), code::SUCCESS);
+    assert_eq!(rt.perform(&req(Op::Unlock)), code::SUCCESS);
+    wait_used(&socket, 1, 0);
+    assert_eq!(used(&socket, 0), 4 << 20);
+    assert_eq!(
+        rt.device(0).unwrap().uuid,
+        g[0],
+        "ordinal 0 moved with the memory"
+    );
+    assert!(data_intact(&rt, dptr, 4));
+}
+
+#[test]
+fn f21_no_visible_gpu_is_no_device() {
+    let (socket, g) = machine(2, 64);
+    for spec in ["", "2", "-1,0"] {
+        assert_eq!(
+            Runtime::start_on(&socket, Some(spec)).err(),
+            Some(code::NO_DEVICE)
+        );
+    }
+    let text = crate::visible::uuid_text(&g[1]);
+    let rt = Runtime::start_on(&socket, Some(&format!("{},0", &text[..12]))).unwrap();
+    let seen: Vec<_> = rt.devices().iter().map(|d| d.uuid).collect();
+    assert_eq!(seen, [g[1], g[0]]);
 }
 
 #[test]
