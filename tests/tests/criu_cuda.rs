@@ -219,6 +219,87 @@ fn restore_on_another_machine_needs_a_map_and_then_works() {
     assert_eq!(used.iter().sum::<u64>(), 16 << 20);
 }
 
+/// F21: a process that sees only the machine's GPU 1 (`CUDA_VISIBLE_DEVICES=1`) keeps its
+/// memory there through a dump and a restore, and through a restore that swaps the GPUs.
+#[test]
+fn a_process_shown_gpu_1_only_is_dumped_and_restored_on_gpu_1() {
+    let mut sim = Sim::with(SimSpec {
+        gpus: 2,
+        ..SimSpec::default()
+    });
+    let c = Criu::new(&sim);
+    let mut env = sim.env();
+    env.push(("CUDA_VISIBLE_DEVICES".into(), "1".into()));
+    let app = start_app(
+        "cuda-sim-app",
+        &sim.dir.join("app.log"),
+        &["--mib", "16"],
+        env,
+    );
+    sim.adopt(app.pid);
+    assert!(app.lines()[0].contains(" device=0 "), "{}", app.lines()[0]);
+    let used = |sim: &Sim| sim.gpus().iter().map(|g| g.1).collect::<Vec<_>>();
+    assert_eq!(used(&sim), [0, 16 << 20]);
+    let gpus: Vec<String> = sim.gpus().into_iter().map(|g| g.0).collect();
+
+    let images = sim.dir.join("img");
+    dump_kill_restore(&mut sim, &c, &app, &images);
+    assert!(app.advances(3), "{}", app.tail());
+    app.assert_healthy();
+    assert_eq!(used(&sim), [0, 16 << 20], "back on GPU 1");
+
+    let images = sim.dir.join("img-swapped");
+    assert_ok(
+        &c.dump(&sim, app.pid, &images, &[], &[]),
+        &images,
+        "dump.log",
+    );
+    wait_gone(app.pid);
+    let swap = format!("{}={}", gpus[1], gpus[0]);
+    restore_and_check(
+        &mut sim,
+        &c,
+        &app,
+        &images,
+        &[("CRIU_GPU_DEVICE_MAP", &swap)],
+    );
+    assert_eq!(used(&sim), [16 << 20, 0], "moved to GPU 0 by the map");
+}
+
+/// F21: under `CUDA_VISIBLE_DEVICES=1` device ordinal 1 is CUDA_ERROR_INVALID_DEVICE (101).
+#[test]
+fn ordinal_1_is_refused_where_only_gpu_1_is_visible() {
+    let sim = Sim::with(SimSpec {
+        gpus: 2,
+        ..SimSpec::default()
+    });
+    let log = sim.dir.join("app.log");
+    let status = std::process::Command::new(artifact("cuda-sim-app"))
+        .args([
+            "--log",
+            log.to_str().unwrap(),
+            "--device",
+            "1",
+            "--steps",
+            "3",
+        ])
+        .envs(sim.env())
+        .env("CUDA_VISIBLE_DEVICES", "1")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(2));
+    let lines = read_lines(&log);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("ERROR") && l.contains("CUDA_ERROR_INVALID_DEVICE (101)")),
+        "{lines:?}"
+    );
+    assert_eq!(sim.gpus().iter().map(|g| g.1).sum::<u64>(), 0);
+}
+
 #[test]
 fn a_checkpoint_error_fails_the_dump_and_the_process_keeps_its_data() {
     let mut sim = Sim::start();

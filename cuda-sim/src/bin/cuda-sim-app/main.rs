@@ -39,9 +39,14 @@ struct Args {
     /// Stop after this many steps (0: run until killed).
     #[arg(long, default_value_t = 0)]
     steps: u64,
-    /// Device ordinal to use; children use ordinal + their index, modulo the device count.
+    /// Device ordinal to use, among the GPUs the process sees (CUDA_VISIBLE_DEVICES): one it
+    /// does not see fails, as on a GPU. Children and ranks use ordinal + their index, modulo the
+    /// device count.
     #[arg(long, default_value_t = 0)]
     device: i32,
+    /// This child's or rank's index added to --device (not an option).
+    #[arg(skip)]
+    spread: i32,
     /// Fork this many children that use the GPU too (logs LOG.gpuN).
     #[arg(long, default_value_t = 0)]
     children: u32,
@@ -189,7 +194,10 @@ fn gpu_loop(args: &Args, mut rank: Option<job::Rank>) -> Result<()> {
     let cuda = driver::Cuda::load(&args.lib)?;
     cuda.init()?;
     let count = cuda.device_count()?;
-    let ordinal = args.device.rem_euclid(count.max(1));
+    let ordinal = match args.spread {
+        0 => args.device,
+        n => (args.device + n).rem_euclid(count.max(1)),
+    };
     cuda.use_device(ordinal)?;
     let words = args.mib * (1 << 20) / 4;
     let dptr = cuda.alloc(words * 4)?;
@@ -294,14 +302,14 @@ fn main() -> Result<()> {
         };
         me.log = format!("{}.rank{r}", args.log);
         me.seed = args.seed.wrapping_add(r as u64 + 1);
-        me.device = args.device + r as i32;
+        me.spread = r as i32;
         rank = Some(plan.join(r).context("joining the job")?);
     }
     for i in 0..args.children {
         if sys::fork()? {
             me.log = format!("{}.gpu{i}", args.log);
             me.seed = args.seed.wrapping_add(i as u64 + 1);
-            me.device = args.device + i as i32 + 1;
+            me.spread = i as i32 + 1;
             me.children = 0;
             me.plain = false;
             break;
