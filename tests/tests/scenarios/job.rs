@@ -55,6 +55,13 @@ fn criu_of(parent: i32) -> i32 {
         .expect("criu under criu-gpu")
 }
 
+/// The last `n` lines of a file.
+fn tail_of(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// The pid rank `r` logged.
 fn rank_pid(job: &Job, r: usize) -> i32 {
     job.ranks[r]
@@ -129,15 +136,24 @@ fn two_gpus_a_rank_that_dies_while_the_dump_locks_leaves_nothing_locked() {
     let n = 2;
     let job = host.job(n, Transports::Sockets);
     let images = host.path("img");
-    // The rank dies while the ranks are checkpointed: the simulated driver's checkpoint takes
-    // 3 s (a small job's would be over before the signal lands); a GPU's takes its own time.
-    let slow = [("CUDA_SIM_FAULT", "checkpoint=delay:3000")];
-    let env: &[(&str, &str)] = if host.is_sim() { &slow } else { &[] };
-    let dump = spawn_dump(&host, &c, &job, &images, env);
+    // The rank dies while the ranks are checkpointed: on the simulation its checkpoint does not
+    // end before it dies (a fixed delay lost the race on a loaded machine: the dump was over
+    // before the signal landed); a GPU's takes its own time.
+    let hang = format!("checkpoint/{}=hang", rank_pid(&job, n - 1));
+    let env = match host.is_sim() {
+        true => vec![("CUDA_SIM_FAULT", hang.as_str())],
+        false => vec![],
+    };
+    let dump = spawn_dump(&host, &c, &job, &images, &env);
     wait_locked(&images);
     signal(rank_pid(&job, n - 1), Signal::SIGKILL);
     let out = finish_within(dump, Duration::from_secs(120)).expect("criu-gpu ends");
-    assert!(!out.status.success(), "the dump fails: {}", text(&out));
+    assert!(
+        !out.status.success(),
+        "the dump fails: {}\nits dump.log ends:\n{}",
+        fs::read_to_string(images.with_extension("out")).unwrap_or_default(),
+        tail_of(&images.join("dump.log"), 60)
+    );
     wait_guardians_gone(&host);
     // The other ranks may end once a peer is gone (torch.multiprocessing ends them): what
     // matters is that no process is left locked or checkpointed.
