@@ -150,6 +150,12 @@ pub enum DumpError {
     StoppedDuringDump { who: Who, signal: i32 },
     #[error("CUDA {0} is not seized by CRIU at CHECKPOINT_DEVICES; the dump is abandoned")]
     NotSeized(Who),
+    #[error(
+        "CUDA {0} ended during the dump (after its lock): the images would miss it, so the dump \
+         is abandoned and the other processes' GPU state is put back; find why it ended (its \
+         log, the kernel's OOM killer) and restart the job"
+    )]
+    EndedDuringDump(Who),
     #[error("{}", checkpoints(.failures))]
     Checkpoints { failures: Vec<(Who, ActionFailure)> },
     #[error("cannot let the GPU driver threads run: {0}; the dump is abandoned")]

@@ -21,6 +21,9 @@ pub trait Procs: Send {
     fn held(&self, pid: i32, tid: Option<i32>, criu: i32) -> Option<Held>;
     /// The process's tracer (0: none).
     fn tracer(&self, pid: i32) -> i32;
+    /// Ended or ending (a zombie, or past the start of its exit): a traced process killed during
+    /// the dump keeps CRIU as its tracer until CRIU reaps it.
+    fn dying(&self, pid: i32) -> bool;
     /// Whether `/dev/nvidiaN` exists in the process's root file system (a container's).
     fn has_gpu_node(&self, pid: i32, minor: u32) -> bool;
     /// Kills a restored process (and reaps what CRIU, its tracer, must reap).
@@ -75,6 +78,9 @@ impl Procs for Real {
     }
     fn tracer(&self, pid: i32) -> i32 {
         process::tracer(pid).unwrap_or(0)
+    }
+    fn dying(&self, pid: i32) -> bool {
+        process::is_dying(pid)
     }
     fn has_gpu_node(&self, pid: i32, minor: u32) -> bool {
         std::path::Path::new(&format!("/proc/{pid}/root/dev/nvidia{minor}")).exists()

@@ -68,6 +68,8 @@ impl Dump {
             .collect();
         let start = Instant::now();
         ctx.checkpoint_each(host, g, &todo, &run)?;
+        // A process killed during its checkpoint: whatever the driver answered, it is gone.
+        ctx.none_ended(&tree.cuda)?;
         let secs = start.elapsed().as_secs_f64();
         let count = todo.len();
         stats::phase("checkpoint", start.elapsed(), count, bytes);
@@ -97,6 +99,7 @@ impl Ctx {
     fn still_seized(&self, host: &dyn Host, cuda: &[Proc]) -> Result<(), HookError> {
         let criu = host.criu_pid();
         let procs = &*self.procs;
+        self.none_ended(cuda)?;
         for p in cuda {
             let who = p.who.clone();
             if procs.tracer(p.who.pid) != criu {
@@ -110,6 +113,15 @@ impl Ctx {
             }
         }
         Ok(())
+    }
+
+    /// No process ended since its lock (killed, or out of memory): CRIU would dump it as a
+    /// zombie, and the job come back without it.
+    fn none_ended(&self, cuda: &[Proc]) -> Result<(), HookError> {
+        match cuda.iter().find(|p| self.procs.dying(p.who.pid)) {
+            Some(p) => Err(HookError::gpu(DumpError::EndedDuringDump(p.who.clone()))),
+            None => Ok(()),
+        }
     }
 
     /// The limit for checkpointing `bytes` of device memory, all at once or not, and the huge

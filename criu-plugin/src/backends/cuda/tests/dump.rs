@@ -288,6 +288,24 @@ fn a_process_stopped_between_its_lock_and_the_seize_fails_the_dump() {
 }
 
 #[test]
+fn a_process_that_ends_after_its_lock_fails_the_dump_and_the_rest_is_put_back() {
+    let w = World::new(&[(10, R), (11, R)], &[]);
+    w.tree.0.lock().unwrap().dying.insert(11);
+    let (mut c, r) = w.dump(Stage::Dump);
+    let e: &DumpError = first_failure(&r);
+    assert!(
+        matches!(e, DumpError::EndedDuringDump(who) if who.pid == 11),
+        "{e:?}"
+    );
+    assert!(
+        w.gpu.m().calls.iter().all(|c| !c.starts_with("Checkpoint")),
+        "nothing checkpointed"
+    );
+    c.exit(&w.host, Stage::Dump, false);
+    assert_eq!(w.gpu.state(10), R);
+}
+
+#[test]
 fn a_checkpoint_that_does_not_return_fails_in_time_and_is_undone_once_it_lands() {
     let w = World::new(&[(10, R), (11, R)], &[]).set("CRIU_GPU_ACTION_TIMEOUT_S", "1");
     w.gpu.m().hang.insert((11, Call::Checkpoint));

@@ -167,6 +167,12 @@ fn locks_that_fail() {
          dump is abandoned; its GPU state is being put back and it stays stopped: continue it \
          (kill -CONT 10) and dump again"
     );
+    assert_eq!(
+        says(DumpError::EndedDuringDump(who(11))),
+        "CUDA process 11 (app) ended during the dump (after its lock): the images would miss it, \
+         so the dump is abandoned and the other processes' GPU state is put back; find why it \
+         ended (its log, the kernel's OOM killer) and restart the job"
+    );
 }
 
 #[test]

@@ -274,6 +274,8 @@ struct TreeState {
     ns: BTreeMap<i32, i32>,
     /// Tracer of every process (CRIU's pid once seized).
     tracer: i32,
+    /// Processes that died (killed after their lock).
+    dying: BTreeSet<i32>,
     /// Processes whose root has no /dev/nvidiaN (a container restored with other devices).
     no_nodes: BTreeSet<i32>,
     killed: Vec<i32>,
@@ -308,6 +310,9 @@ impl Procs for Tree {
     }
     fn tracer(&self, _pid: i32) -> i32 {
         self.0.lock().unwrap().tracer
+    }
+    fn dying(&self, pid: i32) -> bool {
+        self.0.lock().unwrap().dying.contains(&pid)
     }
     fn has_gpu_node(&self, pid: i32, _minor: u32) -> bool {
         !self.0.lock().unwrap().no_nodes.contains(&pid)
