@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gpu_ckpt_tests::criu::{wait_guardians_gone, Criu};
+use gpu_ckpt_tests::criu::{log, tail, wait_guardians_gone, Criu};
 use gpu_ckpt_tests::job::{criu_gpu, text, Job};
 use gpu_ckpt_tests::scenario::Host;
 use gpu_ckpt_tests::scenario_job::Transports;
@@ -53,13 +53,6 @@ fn criu_of(parent: i32) -> i32 {
                 .is_ok_and(|c| matches!(c.trim(), "criu" | "criu.real"))
         })
         .expect("criu under criu-gpu")
-}
-
-/// The last `n` lines of a file.
-fn tail_of(path: &Path, n: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// The pid rank `r` logged.
@@ -152,7 +145,7 @@ fn two_gpus_a_rank_that_dies_while_the_dump_locks_leaves_nothing_locked() {
         !out.status.success(),
         "the dump fails: {}\nits dump.log ends:\n{}",
         fs::read_to_string(images.with_extension("out")).unwrap_or_default(),
-        tail_of(&images.join("dump.log"), 60)
+        tail(&log(&images, "dump.log"), 60)
     );
     wait_guardians_gone(&host);
     // The other ranks may end once a peer is gone (torch.multiprocessing ends them): what
